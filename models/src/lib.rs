@@ -4,6 +4,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod tdt;
 pub mod tensor;
 pub mod transcript;
 
