@@ -1,0 +1,31 @@
+//! Prints what every file in a folder decodes to: `cargo run -p audio --example probe_corpus DIR`.
+fn main() -> anyhow::Result<()> {
+    let dir = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "dispatcher/audio/tests/data".into());
+    let mut paths: Vec<_> = std::fs::read_dir(&dir)?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .collect();
+    paths.sort();
+    for path in paths {
+        let bytes = std::fs::read(&path)?;
+        let ext = path.extension().and_then(|e| e.to_str());
+        let t = std::time::Instant::now();
+        let result = audio::decode(&bytes, ext, &audio::AudioLimits::default());
+        let ms = t.elapsed().as_millis();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("?");
+        match result {
+            Ok(a) => println!(
+                "{name:28} ok  {} Hz x{} -> {} samples ({:.4} s) peak {:.3}  [{ms} ms]",
+                a.source_sample_rate_hz,
+                a.source_channels,
+                a.pcm_16k.len(),
+                a.duration_secs,
+                a.peak_abs
+            ),
+            Err(e) => println!("{name:28} ERR {:24} {e}  [{ms} ms]", e.reason_code()),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,438 @@
+//! Untrusted bytes → 16 kHz mono f32: probe, check limits, decode packet by packet, downmix,
+//! resample. Any panic inside the decoders is caught and becomes a typed error.
+
+use std::io::Cursor;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use symphonia::core::codecs::audio::{AudioCodecParameters, AudioDecoderOptions};
+use symphonia::core::codecs::registry::CodecRegistry;
+use symphonia::core::errors::Error as SymError;
+use symphonia::core::formats::probe::Hint;
+use symphonia::core::formats::{FormatOptions, FormatReader, TrackType};
+use symphonia::core::io::{MediaSource, MediaSourceStream};
+use symphonia::core::meta::MetadataOptions;
+
+use crate::error::AudioError;
+use crate::limits::AudioLimits;
+use crate::resample::{MonoResampler, TARGET_SAMPLE_RATE_HZ};
+
+/// A decoded recording, ready for the model.
+#[derive(Clone, Debug)]
+pub struct DecodedAudio {
+    /// 16 kHz mono samples, nominally in [-1, 1] (float sources may exceed it; never NaN/inf).
+    pub pcm_16k: Vec<f32>,
+    pub source_sample_rate_hz: u32,
+    pub source_channels: usize,
+    /// `pcm_16k.len() / 16000`.
+    pub duration_secs: f64,
+    /// Largest absolute sample: 0.0 means digital silence (which decodes fine, to empty text).
+    pub peak_abs: f32,
+}
+
+/// Output growth step: at least one minute of 16 kHz audio, so capacity stays within about
+/// 1.25x of what was decoded instead of doubling past the duration budget.
+const MIN_GROWTH_FRAMES: usize = 60 * TARGET_SAMPLE_RATE_HZ as usize;
+
+/// Rejects an input by size alone; call it with the object size before downloading.
+pub fn check_input_size(bytes: u64, limits: &AudioLimits) -> Result<(), AudioError> {
+    if bytes == 0 {
+        return Err(AudioError::Empty);
+    }
+    if bytes > limits.max_input_bytes {
+        return Err(AudioError::TooLarge {
+            bytes,
+            max_bytes: limits.max_input_bytes,
+        });
+    }
+    Ok(())
+}
+
+/// Decodes a whole recording held in memory. `hint_ext` (e.g. `"mp3"`, from the object key) only
+/// orders the probe; the content decides, so a wrongly named file still decodes.
+pub fn decode(
+    bytes: &[u8],
+    hint_ext: Option<&str>,
+    limits: &AudioLimits,
+) -> Result<DecodedAudio, AudioError> {
+    check_input_size(bytes.len() as u64, limits)?;
+    guarded(|| decode_source(Box::new(Cursor::new(bytes)), hint_ext, limits))
+}
+
+/// Decodes from a file without holding its compressed bytes in memory.
+pub fn decode_file(
+    file: std::fs::File,
+    hint_ext: Option<&str>,
+    limits: &AudioLimits,
+) -> Result<DecodedAudio, AudioError> {
+    check_input_size(file.metadata()?.len(), limits)?;
+    guarded(|| decode_source(Box::new(file), hint_ext, limits))
+}
+
+/// Last line of defence: symphonia has panicked on malformed files before. The decoder state
+/// is dropped with the closure, so nothing half-updated survives the panic.
+fn guarded(
+    run: impl FnOnce() -> Result<DecodedAudio, AudioError>,
+) -> Result<DecodedAudio, AudioError> {
+    catch_unwind(AssertUnwindSafe(run)).unwrap_or_else(|payload| {
+        let detail = payload
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "non-string panic payload".to_owned());
+        tracing::error!(%detail, "audio decoder panicked; input rejected");
+        Err(AudioError::DecoderPanicked { detail })
+    })
+}
+
+/// Symphonia's decoders plus libopus (symphonia 0.6 has no Opus decoder of its own).
+fn codecs() -> &'static CodecRegistry {
+    static REGISTRY: OnceLock<CodecRegistry> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        let mut registry = CodecRegistry::new();
+        symphonia::default::register_enabled_codecs(&mut registry);
+        registry.register_audio_decoder::<symphonia_adapter_libopus::OpusDecoder>();
+        registry
+    })
+}
+
+fn decode_source(
+    source: Box<dyn MediaSource + '_>,
+    hint_ext: Option<&str>,
+    limits: &AudioLimits,
+) -> Result<DecodedAudio, AudioError> {
+    let started = Instant::now();
+    let mut hint = Hint::new();
+    if let Some(ext) = hint_ext {
+        hint.with_extension(ext.trim_start_matches('.'));
+    }
+    let stream = MediaSourceStream::new(source, Default::default());
+    let mut format = symphonia::default::get_probe()
+        .probe(
+            &hint,
+            stream,
+            FormatOptions::default(),
+            MetadataOptions::default(),
+        )
+        .map_err(probe_error)?;
+
+    let (track_id, params, declared_frames) = select_track(format.as_ref())?;
+    check_declared(&params, declared_frames, limits)?;
+    let mut decoder = codecs()
+        .make_audio_decoder(&params, &AudioDecoderOptions::default())
+        .map_err(|e| AudioError::UnsupportedCodec {
+            codec: params.codec.to_string(),
+            detail: e.to_string(),
+        })?;
+
+    let mut state = DecodeState::new(limits);
+    let mut ended_early = false;
+    // Bounded twice over: the wall-clock check and the frame budget below. Demuxers consume
+    // bytes on every call, so the byte length bounds the iterations as well.
+    loop {
+        if started.elapsed().as_secs() >= limits.decode_timeout_secs {
+            return Err(AudioError::DecodeTimeout {
+                timeout_secs: limits.decode_timeout_secs,
+            });
+        }
+        let packet = match format.next_packet() {
+            Ok(Some(packet)) => packet,
+            Ok(None) => break,
+            Err(SymError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                ended_early = true;
+                break;
+            }
+            // Some demuxers resync after garbage (MP3); others repeat the error, which the
+            // corrupt-packet budget ends quickly.
+            Err(SymError::DecodeError(msg)) => {
+                state.note_corrupt(msg)?;
+                continue;
+            }
+            Err(e) => return Err(stream_error(e)),
+        };
+        if packet.track_id != track_id {
+            continue;
+        }
+        match decoder.decode(&packet) {
+            Ok(buffer) => {
+                let spec = buffer.spec();
+                let (rate, channels) = (spec.rate(), spec.channels().count());
+                if buffer.frames() == 0 {
+                    continue;
+                }
+                state.begin_or_check(rate, channels)?;
+                buffer.copy_to_vec_interleaved(&mut state.interleaved);
+                state.push_interleaved(buffer.frames())?;
+            }
+            Err(SymError::DecodeError(msg)) => state.note_corrupt(msg)?,
+            Err(SymError::Unsupported(feature)) => {
+                return Err(AudioError::UnsupportedCodec {
+                    codec: params.codec.to_string(),
+                    detail: format!("unsupported feature: {feature}"),
+                })
+            }
+            Err(e) => return Err(stream_error(e)),
+        }
+    }
+    state.finish(declared_frames, ended_early)
+}
+
+fn select_track(
+    format: &dyn FormatReader,
+) -> Result<(u32, AudioCodecParameters, Option<u64>), AudioError> {
+    let track = format
+        .default_track(TrackType::Audio)
+        .filter(|t| t.codec_params.as_ref().and_then(|p| p.audio()).is_some())
+        .or_else(|| {
+            format
+                .tracks()
+                .iter()
+                .find(|t| t.codec_params.as_ref().and_then(|p| p.audio()).is_some())
+        })
+        .ok_or(AudioError::NoAudioTrack)?;
+    let params = track
+        .codec_params
+        .as_ref()
+        .and_then(|p| p.audio())
+        .cloned()
+        .ok_or(AudioError::NoAudioTrack)?;
+    Ok((track.id, params, track.num_frames))
+}
+
+/// Limits checkable from the container header alone, before any decoding or allocation.
+fn check_declared(
+    params: &AudioCodecParameters,
+    declared_frames: Option<u64>,
+    limits: &AudioLimits,
+) -> Result<(), AudioError> {
+    if let Some(channels) = &params.channels {
+        check_channels(channels.count(), limits)?;
+    }
+    if let Some(rate) = params.sample_rate {
+        check_rate(rate, limits)?;
+        if let Some(frames) = declared_frames {
+            // A header may lie; if it claims more than the limit we refuse without decoding
+            // (a real file that long would be refused anyway).
+            if frames > limits.max_source_frames(rate) {
+                return Err(AudioError::TooLong {
+                    duration_secs: frames as f64 / f64::from(rate),
+                    max_duration_secs: limits.max_duration_secs,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_channels(channels: usize, limits: &AudioLimits) -> Result<(), AudioError> {
+    if channels > limits.max_channels {
+        return Err(AudioError::TooManyChannels {
+            channels,
+            max_channels: limits.max_channels,
+        });
+    }
+    if channels == 0 {
+        return Err(AudioError::Corrupt {
+            detail: "zero channels".to_owned(),
+        });
+    }
+    Ok(())
+}
+
+fn check_rate(rate: u32, limits: &AudioLimits) -> Result<(), AudioError> {
+    if !(limits.min_sample_rate_hz..=limits.max_sample_rate_hz).contains(&rate) {
+        return Err(AudioError::UnsupportedSampleRate {
+            sample_rate_hz: rate,
+            min_hz: limits.min_sample_rate_hz,
+            max_hz: limits.max_sample_rate_hz,
+        });
+    }
+    Ok(())
+}
+
+fn probe_error(e: SymError) -> AudioError {
+    match e {
+        SymError::Unsupported(detail) => AudioError::UnsupportedFormat {
+            detail: detail.to_owned(),
+        },
+        SymError::IoError(io) if io.kind() == std::io::ErrorKind::UnexpectedEof => {
+            AudioError::Truncated {
+                detail: format!("ends inside the container header ({io})"),
+            }
+        }
+        other => stream_error(other),
+    }
+}
+
+/// Errors after probing that end the decode. I/O errors here come from reading the input's
+/// content (in memory or a regular file), so they are treated as corrupt content.
+fn stream_error(e: SymError) -> AudioError {
+    match e {
+        SymError::Unsupported(detail) => AudioError::UnsupportedFormat {
+            detail: detail.to_owned(),
+        },
+        SymError::ResetRequired => AudioError::UnsupportedFormat {
+            detail: "stream parameters change mid-stream (chained streams)".to_owned(),
+        },
+        other => AudioError::Corrupt {
+            detail: other.to_string(),
+        },
+    }
+}
+
+/// Everything that accumulates while packets decode.
+struct DecodeState<'l> {
+    limits: &'l AudioLimits,
+    /// Set by the first decoded buffer: the decoder's output spec is authoritative (the header
+    /// may be missing or wrong, e.g. HE-AAC doubles the rate).
+    stream: Option<(u32, usize, MonoResampler)>,
+    source_frames: u64,
+    corrupt_packets: u32,
+    interleaved: Vec<f32>,
+    mono: Vec<f32>,
+    pcm_16k: Vec<f32>,
+}
+
+impl<'l> DecodeState<'l> {
+    fn new(limits: &'l AudioLimits) -> Self {
+        Self {
+            limits,
+            stream: None,
+            source_frames: 0,
+            corrupt_packets: 0,
+            interleaved: Vec::new(),
+            mono: Vec::new(),
+            pcm_16k: Vec::new(),
+        }
+    }
+
+    fn note_corrupt(&mut self, msg: &str) -> Result<(), AudioError> {
+        self.corrupt_packets += 1;
+        tracing::debug!(msg, count = self.corrupt_packets, "skipping corrupt packet");
+        if self.corrupt_packets > self.limits.max_corrupt_packets {
+            return Err(AudioError::Corrupt {
+                detail: format!(
+                    "more than {} undecodable packets (last: {msg})",
+                    self.limits.max_corrupt_packets
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn begin_or_check(&mut self, rate: u32, channels: usize) -> Result<(), AudioError> {
+        match &self.stream {
+            None => {
+                check_rate(rate, self.limits)?;
+                check_channels(channels, self.limits)?;
+                self.stream = Some((rate, channels, MonoResampler::new(rate)?));
+                Ok(())
+            }
+            Some((r, c, _)) if (*r, *c) == (rate, channels) => Ok(()),
+            Some((r, c, _)) => Err(AudioError::Corrupt {
+                detail: format!(
+                    "stream changes from {r} Hz x{c} to {rate} Hz x{channels} mid-stream"
+                ),
+            }),
+        }
+    }
+
+    /// Downmixes `self.interleaved` (mean of channels), then resamples into `pcm_16k`.
+    fn push_interleaved(&mut self, frames: usize) -> Result<(), AudioError> {
+        let Some((rate, channels, resampler)) = self.stream.as_mut() else {
+            return Ok(());
+        };
+        self.source_frames += frames as u64;
+        // The running budget: holds however the header lied about the length.
+        if self.source_frames > self.limits.max_source_frames(*rate) {
+            return Err(AudioError::TooLong {
+                duration_secs: self.source_frames as f64 / f64::from(*rate),
+                max_duration_secs: self.limits.max_duration_secs,
+            });
+        }
+        let scale = 1.0 / *channels as f32;
+        self.mono.clear();
+        self.mono.extend(
+            self.interleaved
+                .chunks_exact(*channels)
+                .map(|frame| finite_or_zero(frame.iter().sum::<f32>() * scale)),
+        );
+        let grow_by = (self.mono.len() * TARGET_SAMPLE_RATE_HZ as usize) / *rate as usize + 2;
+        if self.pcm_16k.capacity() - self.pcm_16k.len() < grow_by {
+            self.pcm_16k
+                .reserve_exact(grow_by.max(self.pcm_16k.len() / 4).max(MIN_GROWTH_FRAMES));
+        }
+        resampler.push(&self.mono, &mut self.pcm_16k)
+    }
+
+    fn finish(
+        mut self,
+        declared_frames: Option<u64>,
+        ended_early: bool,
+    ) -> Result<DecodedAudio, AudioError> {
+        let Some((rate, channels, resampler)) = self.stream.take() else {
+            return Err(match (self.corrupt_packets, ended_early) {
+                (1.., _) => AudioError::Corrupt {
+                    detail: "no packet could be decoded".to_owned(),
+                },
+                (0, true) => AudioError::Truncated {
+                    detail: "ends before the first audio packet".to_owned(),
+                },
+                (0, false) => AudioError::TooShort {
+                    duration_ms: 0,
+                    min_duration_ms: self.limits.min_duration_ms,
+                },
+            });
+        };
+        if let Some(declared) = declared_frames {
+            // Tolerate 100 ms or 0.5 % of shortfall (decoder delay and padding handling
+            // differs by codec); more means the file was cut or its header lies.
+            let tolerance = (u64::from(rate) / 10).max(declared / 200);
+            if self.source_frames + tolerance < declared {
+                let detail = format!(
+                    "header declares {declared} frames, only {} decodable",
+                    self.source_frames
+                );
+                // Frames lost to skipped packets mean damage inside the stream, not a cut.
+                return Err(if self.corrupt_packets > 0 {
+                    AudioError::Corrupt {
+                        detail: format!("{detail} ({} corrupt packets)", self.corrupt_packets),
+                    }
+                } else {
+                    AudioError::Truncated { detail }
+                });
+            }
+        }
+        if ended_early {
+            tracing::warn!(
+                frames = self.source_frames,
+                "stream ends mid-packet without a declared length; keeping what decoded"
+            );
+        }
+        if self.source_frames < self.limits.min_source_frames(rate) {
+            return Err(AudioError::TooShort {
+                duration_ms: self.source_frames * 1000 / u64::from(rate),
+                min_duration_ms: self.limits.min_duration_ms,
+            });
+        }
+        resampler.finish(&mut self.pcm_16k)?;
+        let peak_abs = self.pcm_16k.iter().fold(0.0f32, |m, s| m.max(s.abs()));
+        Ok(DecodedAudio {
+            duration_secs: self.pcm_16k.len() as f64 / f64::from(TARGET_SAMPLE_RATE_HZ),
+            pcm_16k: self.pcm_16k,
+            source_sample_rate_hz: rate,
+            source_channels: channels,
+            peak_abs,
+        })
+    }
+}
+
+/// Float sources can carry NaN or infinities, which would poison every later feature frame.
+fn finite_or_zero(sample: f32) -> f32 {
+    if sample.is_finite() {
+        sample
+    } else {
+        0.0
+    }
+}

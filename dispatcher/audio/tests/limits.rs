@@ -1,0 +1,122 @@
+//! Each limit in `AudioLimits` rejects with its own reason code, before the work it protects.
+
+mod common;
+
+use audio::{check_input_size, decode, AudioError, AudioLimits, SegmenterConfig};
+use common::{read, sine, wav_f32};
+
+fn with(f: impl FnOnce(&mut AudioLimits)) -> AudioLimits {
+    let mut limits = AudioLimits::default();
+    f(&mut limits);
+    limits
+}
+
+#[test]
+fn size_limit_is_checked_before_decoding() {
+    let bytes = read("speech.flac");
+    let limits = with(|l| l.max_input_bytes = bytes.len() as u64 - 1);
+    let e = decode(&bytes, Some("flac"), &limits).expect_err("one byte over");
+    assert_eq!(e.reason_code(), "too_large");
+    assert!(check_input_size(bytes.len() as u64, &AudioLimits::default()).is_ok());
+    assert_eq!(
+        check_input_size(0, &AudioLimits::default()).map_err(|e| e.reason_code()),
+        Err("empty")
+    );
+}
+
+#[test]
+fn declared_length_over_the_limit_is_rejected_without_decoding() {
+    // The WAV header declares 3.74 s; nothing needs decoding to know it is over 1 s.
+    let e = decode(
+        &read("speech_16k_mono.wav"),
+        Some("wav"),
+        &with(|l| l.max_duration_secs = 1),
+    )
+    .expect_err("3.7 s > 1 s");
+    match e {
+        AudioError::TooLong { duration_secs, .. } => assert!((duration_secs - 3.74).abs() < 0.01),
+        other => panic!("expected too_long, got {other}"),
+    }
+}
+
+#[test]
+fn running_budget_stops_a_stream_without_a_declared_length() {
+    // 0xFFFFFFFF sizes: no declared length, so only the running frame budget can stop it, and
+    // it must stop right after the limit instead of decoding everything first.
+    let e = decode(
+        &read("streaming_header.wav"),
+        Some("wav"),
+        &with(|l| l.max_duration_secs = 1),
+    )
+    .expect_err("3.7 s stream > 1 s");
+    match e {
+        AudioError::TooLong { duration_secs, .. } => {
+            assert!(
+                (1.0..1.2).contains(&duration_secs),
+                "stopped at {duration_secs} s"
+            )
+        }
+        other => panic!("expected too_long, got {other}"),
+    }
+}
+
+#[test]
+fn channel_limit_is_configurable() {
+    let bytes = read("channels_8.wav");
+    let a = decode(&bytes, Some("wav"), &with(|l| l.max_channels = 8)).expect("8 allowed");
+    assert_eq!(a.source_channels, 8);
+    // All eight channels carry the same sine, so the mean is that sine (peak ~0.5).
+    assert!((a.peak_abs - 0.5).abs() < 0.01, "peak {}", a.peak_abs);
+    let e = decode(&bytes, Some("wav"), &with(|l| l.max_channels = 2)).expect_err("8 > 2");
+    assert_eq!(e.reason_code(), "too_many_channels");
+}
+
+#[test]
+fn sample_rate_range_is_configurable() {
+    let e = decode(
+        &read("rate_96k.wav"),
+        Some("wav"),
+        &with(|l| l.max_sample_rate_hz = 48_000),
+    )
+    .expect_err("96 kHz > 48 kHz");
+    assert_eq!(e.reason_code(), "unsupported_sample_rate");
+    let a = decode(
+        &read("rate_4k.wav"),
+        Some("wav"),
+        &with(|l| l.min_sample_rate_hz = 4_000),
+    )
+    .expect("4 kHz allowed");
+    assert_eq!(a.pcm_16k.len(), 8_000);
+}
+
+#[test]
+fn wall_clock_budget_ends_the_decode() {
+    let bytes = wav_f32(16_000, 1, &sine(300.0, 0.5, 16_000, 16_000));
+    let e = decode(&bytes, Some("wav"), &with(|l| l.decode_timeout_secs = 0)).expect_err("0 s");
+    assert_eq!(e.reason_code(), "decode_timeout");
+}
+
+#[test]
+fn only_io_errors_are_transient() {
+    let io = AudioError::Io(std::io::Error::other("disk gone"));
+    assert_eq!(io.reason_code(), "io");
+    assert!(!io.is_permanent());
+    assert!(AudioError::Empty.is_permanent());
+    assert!(AudioError::DecoderPanicked { detail: "x".into() }.is_permanent());
+}
+
+#[test]
+fn configs_deserialize_with_defaults_and_reject_unknown_fields() {
+    let limits: AudioLimits =
+        serde_json::from_str(r#"{"max_duration_secs": 60}"#).expect("partial config");
+    assert_eq!(limits.max_duration_secs, 60);
+    assert_eq!(limits.max_channels, AudioLimits::default().max_channels);
+    assert!(serde_json::from_str::<AudioLimits>(r#"{"max_duration": 60}"#).is_err());
+    let seg: SegmenterConfig =
+        serde_json::from_str(r#"{"max_segment_secs": 20.0}"#).expect("partial config");
+    assert_eq!(seg.max_segment_secs, 20.0);
+    assert_eq!(
+        seg.energy_frame_ms,
+        SegmenterConfig::default().energy_frame_ms
+    );
+}
