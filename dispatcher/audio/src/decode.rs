@@ -57,7 +57,14 @@ pub fn decode(
     limits: &AudioLimits,
 ) -> Result<DecodedAudio, AudioError> {
     check_input_size(bytes.len() as u64, limits)?;
-    guarded(|| decode_source(Box::new(Cursor::new(bytes)), hint_ext, limits))
+    guarded(|| {
+        decode_source(
+            Box::new(Cursor::new(bytes)),
+            Origin::Memory,
+            hint_ext,
+            limits,
+        )
+    })
 }
 
 /// Decodes from a file without holding its compressed bytes in memory.
@@ -67,7 +74,7 @@ pub fn decode_file(
     limits: &AudioLimits,
 ) -> Result<DecodedAudio, AudioError> {
     check_input_size(file.metadata()?.len(), limits)?;
-    guarded(|| decode_source(Box::new(file), hint_ext, limits))
+    guarded(|| decode_source(Box::new(file), Origin::File, hint_ext, limits))
 }
 
 /// Last line of defence: symphonia has panicked on malformed files before. The decoder state
@@ -97,8 +104,18 @@ fn codecs() -> &'static CodecRegistry {
     })
 }
 
+/// Where the bytes come from decides what a read error means.
+#[derive(Clone, Copy, PartialEq)]
+enum Origin {
+    /// Reads cannot fail; an I/O error is the demuxer running off malformed content.
+    Memory,
+    /// A read error other than end-of-file is the disk's fault and may pass on retry.
+    File,
+}
+
 fn decode_source(
     source: Box<dyn MediaSource + '_>,
+    origin: Origin,
     hint_ext: Option<&str>,
     limits: &AudioLimits,
 ) -> Result<DecodedAudio, AudioError> {
@@ -115,7 +132,14 @@ fn decode_source(
             FormatOptions::default(),
             MetadataOptions::default(),
         )
-        .map_err(probe_error)?;
+        .map_err(|e| match e {
+            SymError::IoError(io)
+                if origin == Origin::File && io.kind() != std::io::ErrorKind::UnexpectedEof =>
+            {
+                AudioError::Io(io)
+            }
+            other => probe_error(other),
+        })?;
 
     let (track_id, params, declared_frames) = select_track(format.as_ref())?;
     check_declared(&params, declared_frames, limits)?;
@@ -143,6 +167,7 @@ fn decode_source(
                 ended_early = true;
                 break;
             }
+            Err(SymError::IoError(e)) if origin == Origin::File => return Err(AudioError::Io(e)),
             // Some demuxers resync after garbage (MP3); others repeat the error, which the
             // corrupt-packet budget ends quickly.
             Err(SymError::DecodeError(msg)) => {
@@ -265,8 +290,8 @@ fn probe_error(e: SymError) -> AudioError {
     }
 }
 
-/// Errors after probing that end the decode. I/O errors here come from reading the input's
-/// content (in memory or a regular file), so they are treated as corrupt content.
+/// Errors that end the decode. Read errors from a file were split off by the caller, so an
+/// I/O error left here is the demuxer failing on the content: corrupt.
 fn stream_error(e: SymError) -> AudioError {
     match e {
         SymError::Unsupported(detail) => AudioError::UnsupportedFormat {

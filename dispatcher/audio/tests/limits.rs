@@ -120,3 +120,25 @@ fn configs_deserialize_with_defaults_and_reject_unknown_fields() {
         SegmenterConfig::default().energy_frame_ms
     );
 }
+
+#[test]
+fn output_capacity_stays_near_the_decoded_length() {
+    // 5 min at 8 kHz (no declared-length shortcut matters here: the buffer grows as it
+    // decodes). Growth is at most a quarter or one minute at a time, never a doubling.
+    let minutes = 5;
+    let input = sine(440.0, 0.3, 8_000, 8_000 * 60 * minutes);
+    let a = decode(
+        &wav_f32(8_000, 1, &input),
+        Some("wav"),
+        &AudioLimits::default(),
+    )
+    .expect("decodes");
+    let len = a.pcm_16k.len();
+    assert_eq!(len, 16_000 * 60 * minutes);
+    let slack = (len / 4).max(16_000 * 60) + 16_000;
+    assert!(
+        a.pcm_16k.capacity() <= len + slack,
+        "capacity {} for {len}",
+        a.pcm_16k.capacity()
+    );
+}

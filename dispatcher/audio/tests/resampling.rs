@@ -92,3 +92,20 @@ fn non_finite_float_samples_become_zero() {
     assert_eq!((out[100], out[200], out[300]), (0.0, 0.0, 0.0));
     assert_eq!(out[101], input[101], "16 kHz mono passes through unchanged");
 }
+
+#[test]
+fn every_common_and_odd_rate_gives_the_right_length_and_tone() {
+    // 44_101 Hz shares no factor with 16 kHz beyond 1: the worst case for block sizes.
+    for rate in [
+        8_000, 11_025, 12_000, 22_050, 24_000, 32_000, 44_100, 44_101, 48_000, 88_200, 96_000,
+    ] {
+        let frames = rate as usize * 3 / 2; // 1.5 s
+        let out = decode_wav(rate, 1, &sine(700.0, 0.5, rate, frames));
+        assert_eq!(out.len(), 24_000, "{rate} Hz: 1.5 s in, 1.5 s out");
+        let amp = tone_amplitude(&out[2_000..22_000], 700.0, 16_000);
+        assert!(
+            (amp - 0.5).abs() < 0.005,
+            "{rate} Hz: 700 Hz amplitude {amp}"
+        );
+    }
+}
