@@ -1,10 +1,17 @@
 //! Checkpoint loading: `.nemo` archives (tar, `model_config.yaml`, torch `model_weights.ckpt`,
 //! tokenizer artifacts) into a resolved [`ParakeetConfig`], named tensors and a vocabulary.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
+mod nemo;
+mod pickle;
+mod torch;
+mod validate;
+mod vocabulary;
+mod yaml_config;
 
-use crate::config::ParakeetConfig;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::config::{ParakeetConfig, StftPadding};
 use crate::error::ModelError;
 use crate::tensor::Tensor;
 
@@ -49,6 +56,16 @@ impl TensorMap {
         Ok(t)
     }
 
+    /// `joint.joint_net.<i>`, the joint's final Linear: `<i>` is 2 when the joint has dropout
+    /// and 1 without, so it is found, not assumed. `None` if there is no such weight.
+    pub fn joint_output_prefix(&self) -> Option<String> {
+        self.names()
+            .filter_map(|n| n.strip_prefix("joint.joint_net.")?.strip_suffix(".weight"))
+            .filter_map(|i| i.parse::<usize>().ok())
+            .max()
+            .map(|i| format!("joint.joint_net.{i}"))
+    }
+
     /// Like [`Self::get`] but `None` when absent (optional biases).
     pub fn get_optional(&self, name: &str, shape: &[usize]) -> Result<Option<&Tensor>, ModelError> {
         if self.contains(name) {
@@ -66,4 +83,59 @@ pub struct Checkpoint {
     pub tensors: TensorMap,
     /// SentencePiece pieces by id (blank excluded), `▁` kept as is.
     pub vocabulary: Vec<String>,
+}
+
+/// Choices the checkpoint cannot make for itself.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// STFT centre padding. `None`: decided from the config's `nemo_version`
+    /// (reflect before NeMo 2.4, zeros from 2.4 on; see `yaml_config::stft_padding_for_version`).
+    pub stft_padding: Option<StftPadding>,
+}
+
+impl Checkpoint {
+    /// Loads a `.nemo` (plain or gzip tar) with default options.
+    pub fn load(path: &Path) -> Result<Self, ModelError> {
+        Self::load_with(path, &LoadOptions::default())
+    }
+
+    /// Loads a `.nemo`: config and vocabulary first (cheap, fail fast), then the weights,
+    /// then a check that the weights are what the config describes.
+    pub fn load_with(path: &Path, options: &LoadOptions) -> Result<Self, ModelError> {
+        const CONFIG: &str = "model_config.yaml";
+        const WEIGHTS: &str = "model_weights.ckpt";
+
+        let archive = nemo::NemoArchive::open(path)?;
+        let config_path = nemo::member_path(path, CONFIG);
+        let yaml = archive.read_small(CONFIG)?;
+        let yaml = std::str::from_utf8(&yaml).map_err(|e| ModelError::InvalidConfig {
+            file: config_path.clone(),
+            key: "<document>".to_string(),
+            problem: format!("not UTF-8: {e}"),
+        })?;
+        let parsed = yaml_config::parse(yaml, &config_path)?;
+        let mut config = parsed.model.clone();
+        if let Some(padding) = options.stft_padding {
+            config.features.stft_padding = padding;
+        }
+        let vocabulary = vocabulary::load(&archive, &parsed, config.decoder.vocab_size)?;
+
+        let weights_path = nemo::member_path(path, WEIGHTS);
+        let weights_len = archive.member_len(WEIGHTS)?;
+        let tensors = torch::read_state_dict(archive.reader(WEIGHTS)?, weights_len, &weights_path)?;
+        let tensors = TensorMap::new(weights_path, tensors);
+        validate::check(&mut config, &tensors)?;
+        tracing::debug!(
+            file = %path.display(),
+            nemo_version = parsed.nemo_version.as_deref().unwrap_or("unknown"),
+            stft_padding = ?config.features.stft_padding,
+            tensors = tensors.names().count(),
+            "checkpoint loaded"
+        );
+        Ok(Self {
+            config,
+            tensors,
+            vocabulary,
+        })
+    }
 }

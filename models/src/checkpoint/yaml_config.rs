@@ -1,0 +1,630 @@
+//! `model_config.yaml` -> [`ParakeetConfig`]. Every architectural value comes from the
+//! checkpoint's config; where a key is absent we use the default of the NeMo class that the
+//! key configures (`AudioToMelSpectrogramPreprocessor`, `ConformerEncoder`, `RNNTDecoder`,
+//! `RNNTJoint`, the greedy TDT decoder). Options the CPU model does not implement are
+//! rejected with [`ModelError::UnsupportedConfig`] rather than silently ignored.
+
+use std::path::Path;
+
+use serde_yaml::Value;
+
+use crate::config::{
+    AttentionModel, DecoderConfig, EncoderConfig, FeatureConfig, FeatureNormalization,
+    ParakeetConfig, StftPadding,
+};
+use crate::error::ModelError;
+
+/// LayerNorm and BatchNorm epsilon: PyTorch defaults, which NeMo's Conformer never overrides.
+const NORM_EPS: f32 = 1e-5;
+
+/// Everything read from the config: the model plus what the loader needs to finish the job.
+#[derive(Debug, Clone)]
+pub(crate) struct ConfigFile {
+    pub(crate) model: ParakeetConfig,
+    /// `nemo_version`: the NeMo that first created the model (kept across re-saves).
+    pub(crate) nemo_version: Option<String>,
+    /// `joint.vocabulary` (or top-level `labels`): pieces by id.
+    pub(crate) vocabulary: Option<Vec<String>>,
+    /// `tokenizer.spe_tokenizer_vocab`, e.g. `nemo:<hex>_tokenizer.vocab`.
+    pub(crate) spe_vocab_ref: Option<String>,
+    /// `tokenizer.model_path`, e.g. `nemo:<hex>_tokenizer.model`.
+    pub(crate) spe_model_ref: Option<String>,
+}
+
+/// Decides STFT centre padding from the NeMo version recorded in the config.
+///
+/// NeMo writes `nemo_version` into the model config when a model is first built, and the value
+/// travels with the config through every later save, so it says which NeMo the model was
+/// created (and normally trained) with. NeMo 2.4 switched the STFT's centre padding from
+/// `reflect` to zeros (and the frame count from `len/hop + 1` to `len/hop`). A model created
+/// before 2.4 learned reflect-padded features, so we reproduce those; from 2.4 on, zeros.
+/// A config without `nemo_version` predates version stamping and therefore 2.4: reflect.
+/// An unparseable version is taken as recent (zeros). [`super::LoadOptions`] overrides this.
+pub(crate) fn stft_padding_for_version(nemo_version: Option<&str>) -> StftPadding {
+    let Some(version) = nemo_version else {
+        return StftPadding::Reflect;
+    };
+    let mut parts = version.trim().trim_start_matches('v').split('.');
+    let major = parts.next().and_then(leading_number);
+    let minor = parts.next().and_then(leading_number);
+    match (major, minor) {
+        (Some(major), Some(minor)) if (major, minor) < (2, 4) => StftPadding::Reflect,
+        (Some(major), None) if major < 2 => StftPadding::Reflect,
+        _ => StftPadding::Zeros,
+    }
+}
+
+fn leading_number(s: &str) -> Option<u64> {
+    let digits: String = s.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// Typed, path-addressed access to the YAML tree, with errors naming the file and key.
+struct Yaml<'a> {
+    root: &'a Value,
+    file: &'a Path,
+}
+
+impl<'a> Yaml<'a> {
+    fn get(&self, path: &str) -> Option<&'a Value> {
+        let mut node = self.root;
+        for part in path.split('.') {
+            node = node.as_mapping()?.get(part)?;
+        }
+        (!node.is_null()).then_some(node)
+    }
+
+    fn invalid(&self, key: &str, problem: impl Into<String>) -> ModelError {
+        ModelError::InvalidConfig {
+            file: self.file.to_path_buf(),
+            key: key.to_string(),
+            problem: problem.into(),
+        }
+    }
+
+    fn unsupported(&self, key: &str, value: impl std::fmt::Display) -> ModelError {
+        ModelError::UnsupportedConfig {
+            file: self.file.to_path_buf(),
+            key: key.to_string(),
+            value: value.to_string(),
+        }
+    }
+
+    fn usize_opt(&self, key: &str) -> Result<Option<usize>, ModelError> {
+        self.get(key)
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| {
+                        self.invalid(
+                            key,
+                            format!("expected a non-negative integer, found {}", show(v)),
+                        )
+                    })
+            })
+            .transpose()
+    }
+
+    fn usize(&self, key: &str) -> Result<usize, ModelError> {
+        self.usize_opt(key)?
+            .ok_or_else(|| self.invalid(key, "missing"))
+    }
+
+    fn positive(&self, key: &str) -> Result<usize, ModelError> {
+        match self.usize(key)? {
+            0 => Err(self.invalid(key, "must be positive")),
+            n => Ok(n),
+        }
+    }
+
+    fn i64_opt(&self, key: &str) -> Result<Option<i64>, ModelError> {
+        self.get(key)
+            .map(|v| {
+                v.as_i64().ok_or_else(|| {
+                    self.invalid(key, format!("expected an integer, found {}", show(v)))
+                })
+            })
+            .transpose()
+    }
+
+    fn f64_opt(&self, key: &str) -> Result<Option<f64>, ModelError> {
+        self.get(key)
+            .map(|v| {
+                v.as_f64().ok_or_else(|| {
+                    self.invalid(key, format!("expected a number, found {}", show(v)))
+                })
+            })
+            .transpose()
+    }
+
+    fn bool_or(&self, key: &str, default: bool) -> Result<bool, ModelError> {
+        self.get(key)
+            .map(|v| {
+                v.as_bool().ok_or_else(|| {
+                    self.invalid(key, format!("expected true or false, found {}", show(v)))
+                })
+            })
+            .transpose()
+            .map(|b| b.unwrap_or(default))
+    }
+
+    fn str_opt(&self, key: &str) -> Result<Option<&'a str>, ModelError> {
+        self.get(key)
+            .map(|v| {
+                v.as_str().ok_or_else(|| {
+                    self.invalid(key, format!("expected a string, found {}", show(v)))
+                })
+            })
+            .transpose()
+    }
+
+    /// A string option that must be one of `allowed` (or absent, meaning `default`).
+    fn choice(&self, key: &str, default: &'a str, allowed: &[&str]) -> Result<&'a str, ModelError> {
+        let value = self.str_opt(key)?.unwrap_or(default);
+        if allowed.contains(&value) {
+            Ok(value)
+        } else {
+            Err(self.unsupported(key, value))
+        }
+    }
+
+    fn int_list(&self, key: &str) -> Result<Option<Vec<i64>>, ModelError> {
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        let seq = v
+            .as_sequence()
+            .ok_or_else(|| self.invalid(key, format!("expected a list, found {}", show(v))))?;
+        seq.iter()
+            .map(|item| {
+                item.as_i64().ok_or_else(|| {
+                    self.invalid(key, format!("expected integers, found {}", show(item)))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
+    fn string_list(&self, key: &str) -> Result<Option<Vec<String>>, ModelError> {
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        let seq = v
+            .as_sequence()
+            .ok_or_else(|| self.invalid(key, format!("expected a list, found {}", show(v))))?;
+        seq.iter()
+            .map(|item| match item {
+                Value::String(s) => Ok(s.clone()),
+                // YAML turns pieces such as `1` or `y`-like words into other scalars when
+                // unquoted; NeMo always quotes them, but accept plain scalars as text.
+                Value::Number(n) => Ok(n.to_string()),
+                Value::Bool(b) => Ok(b.to_string()),
+                other => Err(self.invalid(key, format!("expected strings, found {}", show(other)))),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
+    /// `_target_` must name the NeMo class we implement (any module path).
+    fn target(&self, section: &str, class: &str) -> Result<(), ModelError> {
+        let key = format!("{section}._target_");
+        match self.str_opt(&key)? {
+            Some(t) if t.rsplit('.').next() != Some(class) => Err(self.unsupported(&key, t)),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn show(v: &Value) -> String {
+    serde_yaml::to_string(v)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| format!("{v:?}"))
+}
+
+/// Parses `model_config.yaml`. `file` is the name used in errors.
+pub(crate) fn parse(text: &str, file: &Path) -> Result<ConfigFile, ModelError> {
+    let root: Value = serde_yaml::from_str(text).map_err(|e| ModelError::InvalidConfig {
+        file: file.to_path_buf(),
+        key: "<document>".to_string(),
+        problem: format!("not valid YAML: {e}"),
+    })?;
+    if !root.is_mapping() {
+        return Err(ModelError::InvalidConfig {
+            file: file.to_path_buf(),
+            key: "<document>".to_string(),
+            problem: "the top level is not a mapping".to_string(),
+        });
+    }
+    let y = Yaml { root: &root, file };
+    let nemo_version = y.get("nemo_version").map(|v| match v {
+        Value::String(s) => s.clone(),
+        other => show(other),
+    });
+    let features = features(&y, stft_padding_for_version(nemo_version.as_deref()))?;
+    let encoder = encoder(&y, features.n_mels)?;
+    let decoder = decoder(&y)?;
+    let vocabulary = match y.string_list("joint.vocabulary")? {
+        Some(v) => Some(v),
+        None => y.string_list("labels")?,
+    };
+    Ok(ConfigFile {
+        model: ParakeetConfig {
+            features,
+            encoder,
+            decoder,
+        },
+        nemo_version,
+        vocabulary,
+        spe_vocab_ref: y
+            .str_opt("tokenizer.spe_tokenizer_vocab")?
+            .map(str::to_string),
+        spe_model_ref: y.str_opt("tokenizer.model_path")?.map(str::to_string),
+    })
+}
+
+fn features(y: &Yaml<'_>, stft_padding: StftPadding) -> Result<FeatureConfig, ModelError> {
+    y.target("preprocessor", "AudioToMelSpectrogramPreprocessor")?;
+    let p = |k: &str| format!("preprocessor.{k}");
+    let sample_rate_hz = match y.usize_opt(&p("sample_rate"))? {
+        Some(sr) => sr,
+        None => y.usize_opt("sample_rate")?.unwrap_or(16_000),
+    };
+    let sample_rate_hz = u32::try_from(sample_rate_hz)
+        .ok()
+        .filter(|&sr| sr > 0)
+        .ok_or_else(|| {
+            y.invalid(
+                &p("sample_rate"),
+                format!("{sample_rate_hz} Hz is not usable"),
+            )
+        })?;
+
+    // Seconds (`window_size`) or samples (`n_window_size`); NeMo converts seconds with int(),
+    // which truncates, and so do we.
+    let samples = |secs_key: &str, n_key: &str, default_secs: f64| -> Result<usize, ModelError> {
+        match (y.f64_opt(&p(secs_key))?, y.usize_opt(&p(n_key))?) {
+            (Some(_), Some(_)) => {
+                Err(y.invalid(&p(n_key), format!("both {secs_key} and {n_key} are set")))
+            }
+            (None, Some(n)) if n > 0 => Ok(n),
+            (None, Some(_)) => Err(y.invalid(&p(n_key), "must be positive")),
+            (secs, None) => {
+                let n = (secs.unwrap_or(default_secs) * f64::from(sample_rate_hz)) as i64;
+                usize::try_from(n)
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| y.invalid(&p(secs_key), "gives a window of no samples"))
+            }
+        }
+    };
+    let win_length_samples = samples("window_size", "n_window_size", 0.02)?;
+    let hop_length_samples = samples("window_stride", "n_window_stride", 0.01)?;
+    let n_fft = match y.usize_opt(&p("n_fft"))? {
+        Some(n) => n,
+        None => win_length_samples.next_power_of_two(),
+    };
+    if n_fft < win_length_samples {
+        return Err(y.invalid(
+            &p("n_fft"),
+            format!("{n_fft} is shorter than the {win_length_samples}-sample window"),
+        ));
+    }
+    let n_mels = y.usize_opt(&p("features"))?.unwrap_or(64);
+    if n_mels == 0 {
+        return Err(y.invalid(&p("features"), "must be positive"));
+    }
+
+    let preemphasis = match y.get(&p("preemph")) {
+        // An explicit `null` disables preemphasis; `get` maps null to None, so look again.
+        None if has_explicit_null(y.root, &["preprocessor", "preemph"]) => None,
+        None => Some(0.97),
+        Some(_) => y.f64_opt(&p("preemph"))?.map(|v| v as f32),
+    };
+    let mag_power = y.f64_opt(&p("mag_power"))?.unwrap_or(2.0) as f32;
+    if !y.bool_or(&p("log"), true)? {
+        return Err(y.unsupported(&p("log"), false));
+    }
+    y.choice(&p("log_zero_guard_type"), "add", &["add"])?;
+    let log_zero_guard = match y.get(&p("log_zero_guard_value")) {
+        None => 2f32.powi(-24),
+        Some(Value::String(s)) if s == "tiny" => f32::MIN_POSITIVE,
+        Some(Value::String(s)) if s == "eps" => f32::EPSILON,
+        Some(Value::String(s)) => return Err(y.unsupported(&p("log_zero_guard_value"), s)),
+        Some(v) => v
+            .as_f64()
+            .ok_or_else(|| y.unsupported(&p("log_zero_guard_value"), show(v)))?
+            as f32,
+    };
+    let normalization = match y.get(&p("normalize")) {
+        None => match has_explicit_null(y.root, &["preprocessor", "normalize"]) {
+            true => FeatureNormalization::None,
+            false => FeatureNormalization::PerFeature,
+        },
+        Some(Value::String(s)) if s == "per_feature" => FeatureNormalization::PerFeature,
+        Some(Value::String(s)) if s.is_empty() || s == "NA" || s == "None" => {
+            FeatureNormalization::None
+        }
+        Some(v) => return Err(y.unsupported(&p("normalize"), show(v))),
+    };
+    y.choice(&p("window"), "hann", &["hann"])?;
+    y.choice(&p("mel_norm"), "slaney", &["slaney"])?;
+    if let Some(n) = y.usize_opt(&p("frame_splicing"))?.filter(|&n| n != 1) {
+        return Err(y.unsupported(&p("frame_splicing"), n));
+    }
+    if y.bool_or(&p("exact_pad"), false)? {
+        return Err(y.unsupported(&p("exact_pad"), true));
+    }
+    // `pad_to` / `pad_value` only shape the padding past each clip's length, which the model
+    // masks; `dither` and `nb_augmentation_prob` act in training only.
+    let low_freq_hz = y.f64_opt(&p("lowfreq"))?.unwrap_or(0.0) as f32;
+    let high_freq_hz = match y.f64_opt(&p("highfreq"))? {
+        Some(f) => f as f32,
+        None => sample_rate_hz as f32 / 2.0,
+    };
+    Ok(FeatureConfig {
+        sample_rate_hz,
+        win_length_samples,
+        hop_length_samples,
+        n_fft,
+        n_mels,
+        preemphasis,
+        mag_power,
+        log_zero_guard,
+        normalization,
+        stft_padding,
+        low_freq_hz,
+        high_freq_hz,
+    })
+}
+
+fn has_explicit_null(root: &Value, path: &[&str]) -> bool {
+    let mut node = root;
+    for part in path {
+        match node.as_mapping().and_then(|m| m.get(*part)) {
+            Some(next) => node = next,
+            None => return false,
+        }
+    }
+    node.is_null()
+}
+
+fn encoder(y: &Yaml<'_>, n_mels: usize) -> Result<EncoderConfig, ModelError> {
+    y.target("encoder", "ConformerEncoder")?;
+    let e = |k: &str| format!("encoder.{k}");
+    let feat_in = y.positive(&e("feat_in"))?;
+    if feat_in != n_mels {
+        return Err(y.invalid(
+            &e("feat_in"),
+            format!("{feat_in} differs from preprocessor.features = {n_mels}"),
+        ));
+    }
+    let n_layers = y.usize(&e("n_layers"))?;
+    let d_model = y.positive(&e("d_model"))?;
+    let n_heads = y.usize_opt(&e("n_heads"))?.unwrap_or(4);
+    if n_heads == 0 || !d_model.is_multiple_of(n_heads) {
+        return Err(y.invalid(
+            &e("n_heads"),
+            format!("{n_heads} heads do not divide d_model {d_model}"),
+        ));
+    }
+    let ff_expansion = y.usize_opt(&e("ff_expansion_factor"))?.unwrap_or(4);
+    let ff_hidden = d_model
+        .checked_mul(ff_expansion)
+        .filter(|&h| h > 0)
+        .ok_or_else(|| {
+            y.invalid(
+                &e("ff_expansion_factor"),
+                format!("{ff_expansion} is not usable"),
+            )
+        })?;
+
+    y.choice(&e("subsampling"), "striding", &["dw_striding"])?;
+    let subsampling_factor = y.usize_opt(&e("subsampling_factor"))?.unwrap_or(4);
+    if subsampling_factor < 2 || !subsampling_factor.is_power_of_two() {
+        return Err(y.unsupported(&e("subsampling_factor"), subsampling_factor));
+    }
+    let subsampling_conv_channels = match y.i64_opt(&e("subsampling_conv_channels"))? {
+        None | Some(-1) => d_model,
+        Some(c) => usize::try_from(c)
+            .ok()
+            .filter(|&c| c > 0)
+            .ok_or_else(|| y.invalid(&e("subsampling_conv_channels"), format!("{c} channels")))?,
+    };
+    if y.bool_or(&e("causal_downsampling"), false)? {
+        return Err(y.unsupported(&e("causal_downsampling"), true));
+    }
+    if let Some(f) = y
+        .i64_opt(&e("feat_out"))?
+        .filter(|&f| f > 0 && f as usize != d_model)
+    {
+        return Err(y.unsupported(&e("feat_out"), f));
+    }
+    if y.get(&e("reduction")).is_some() && y.usize_opt(&e("reduction_factor"))?.unwrap_or(1) > 1 {
+        return Err(y.unsupported(
+            &e("reduction"),
+            show(y.get(&e("reduction")).unwrap_or(&Value::Null)),
+        ));
+    }
+    if let Some(g) = y.usize_opt(&e("global_tokens"))?.filter(|&g| g > 0) {
+        return Err(y.unsupported(&e("global_tokens"), g));
+    }
+    y.choice(&e("att_context_style"), "regular", &["regular"])?;
+    y.choice(&e("conv_norm_type"), "batch_norm", &["batch_norm"])?;
+    if let Some(v) = y.get(&e("conv_context_size")) {
+        return Err(y.unsupported(&e("conv_context_size"), show(v)));
+    }
+    let conv_kernel_size = y.usize_opt(&e("conv_kernel_size"))?.unwrap_or(31);
+    if conv_kernel_size.is_multiple_of(2) {
+        return Err(y.unsupported(&e("conv_kernel_size"), conv_kernel_size));
+    }
+
+    let model = y.choice(
+        &e("self_attention_model"),
+        "rel_pos",
+        &["rel_pos", "rel_pos_local_attn"],
+    )?;
+    let context = match y.get(&e("att_context_size")) {
+        None => None,
+        Some(v) => match y.int_list(&e("att_context_size")) {
+            Ok(Some(c)) if c.len() == 2 => Some((c[0], c[1])),
+            // Lists of lists select among several streaming contexts: not implemented.
+            _ => return Err(y.unsupported(&e("att_context_size"), show(v))),
+        },
+    };
+    let attention = match (model, context) {
+        ("rel_pos", None | Some((-1, -1))) => AttentionModel::RelPos,
+        ("rel_pos", Some((l, r))) => {
+            return Err(y.unsupported(&e("att_context_size"), format!("[{l}, {r}] with rel_pos")))
+        }
+        (_, Some((l, r))) if l > 0 && r > 0 => AttentionModel::RelPosLocal {
+            left: l as usize,
+            right: r as usize,
+        },
+        (_, c) => {
+            return Err(y.unsupported(
+                &e("att_context_size"),
+                c.map_or("absent".to_string(), |(l, r)| format!("[{l}, {r}]"))
+                    + " with rel_pos_local_attn",
+            ))
+        }
+    };
+
+    Ok(EncoderConfig {
+        feat_in,
+        n_layers,
+        d_model,
+        n_heads,
+        ff_hidden,
+        subsampling_factor,
+        subsampling_conv_channels,
+        xscaling: y.bool_or(&e("xscaling"), true)?,
+        conv_kernel_size,
+        attention,
+        // Provisional: the loader confirms it against the state dict.
+        use_bias: y.bool_or(&e("use_bias"), true)?,
+        layer_norm_eps: NORM_EPS,
+        batch_norm_eps: NORM_EPS,
+    })
+}
+
+fn decoder(y: &Yaml<'_>) -> Result<DecoderConfig, ModelError> {
+    y.target("decoder", "RNNTDecoder")?;
+    y.target("joint", "RNNTJoint")?;
+    let vocab_size = y.positive("decoder.vocab_size")?;
+    if let Some(n) = y
+        .usize_opt("joint.num_classes")?
+        .filter(|&n| n != vocab_size)
+    {
+        return Err(y.invalid(
+            "joint.num_classes",
+            format!("{n} differs from decoder.vocab_size = {vocab_size}"),
+        ));
+    }
+    if !y.bool_or("decoder.blank_as_pad", true)? {
+        return Err(y.unsupported("decoder.blank_as_pad", false));
+    }
+    if let Some(v) = y.get("decoder.normalization_mode") {
+        return Err(y.unsupported("decoder.normalization_mode", show(v)));
+    }
+    let pred_hidden = y.positive("decoder.prednet.pred_hidden")?;
+    let pred_rnn_layers = y.positive("decoder.prednet.pred_rnn_layers")?;
+    let joint_hidden = y.positive("joint.jointnet.joint_hidden")?;
+    y.choice("joint.jointnet.activation", "relu", &["relu"])?;
+
+    let durations = tdt_durations(y)?;
+    let extra = y.usize_opt("joint.num_extra_outputs")?.unwrap_or(0);
+    if extra != durations.len() {
+        return Err(y.invalid(
+            "joint.num_extra_outputs",
+            format!("{extra} differs from the {} TDT durations", durations.len()),
+        ));
+    }
+
+    let max_symbols_key = [
+        "decoding.greedy.max_symbols",
+        "decoding.greedy.max_symbols_per_step",
+    ];
+    let mut max_symbols_per_step = 10;
+    for key in max_symbols_key {
+        if let Some(n) = y.usize_opt(key)? {
+            if n == 0 {
+                return Err(y.invalid(key, "must be positive"));
+            }
+            max_symbols_per_step = n;
+            break;
+        }
+    }
+    Ok(DecoderConfig {
+        vocab_size,
+        pred_hidden,
+        pred_rnn_layers,
+        joint_hidden,
+        durations,
+        max_symbols_per_step,
+    })
+}
+
+/// TDT durations may be given in up to three places; all that are present must agree.
+fn tdt_durations(y: &Yaml<'_>) -> Result<Vec<usize>, ModelError> {
+    const KEYS: [&str; 3] = [
+        "decoding.durations",
+        "model_defaults.tdt_durations",
+        "loss.tdt_kwargs.durations",
+    ];
+    let mut found: Option<(&str, Vec<i64>)> = None;
+    for key in KEYS {
+        let Some(list) = y.int_list(key)? else {
+            continue;
+        };
+        match &found {
+            Some((first, durations)) if *durations != list => {
+                return Err(y.invalid(
+                    key,
+                    format!("{list:?} differs from {first} = {durations:?}"),
+                ));
+            }
+            Some(_) => {}
+            None => found = Some((key, list)),
+        }
+    }
+    let Some((key, list)) = found else {
+        let kind = y.str_opt("decoding.model_type")?.unwrap_or("rnnt");
+        return Err(y.unsupported(
+            "decoding.model_type",
+            format!("{kind} (no TDT durations in the config)"),
+        ));
+    };
+    if list.is_empty() {
+        return Err(y.invalid(key, "empty"));
+    }
+    list.iter()
+        .map(|&d| usize::try_from(d).map_err(|_| y.invalid(key, format!("negative duration {d}"))))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_rule() {
+        assert_eq!(stft_padding_for_version(None), StftPadding::Reflect);
+        assert_eq!(
+            stft_padding_for_version(Some("2.3.1")),
+            StftPadding::Reflect
+        );
+        assert_eq!(
+            stft_padding_for_version(Some("1.23.0")),
+            StftPadding::Reflect
+        );
+        assert_eq!(
+            stft_padding_for_version(Some("2.4.0rc0")),
+            StftPadding::Zeros
+        );
+        assert_eq!(stft_padding_for_version(Some("3.0.0")), StftPadding::Zeros);
+        assert_eq!(
+            stft_padding_for_version(Some("garbage")),
+            StftPadding::Zeros
+        );
+    }
+}
