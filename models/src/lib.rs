@@ -3,9 +3,16 @@
 
 pub mod checkpoint;
 pub mod config;
+mod encoder;
 pub mod error;
+pub mod features;
+mod linalg;
+pub mod model;
+pub mod prediction;
 pub mod tdt;
 pub mod tensor;
 pub mod transcript;
 
 pub use error::ModelError;
+pub use features::{FeatureExtractor, Features};
+pub use model::ParakeetModel;

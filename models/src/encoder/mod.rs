@@ -1,0 +1,99 @@
+//! The FastConformer encoder (NeMo `ConformerEncoder`) for one unpadded utterance:
+//! subsampling, optional x-scaling, relative position table, conformer layers.
+
+mod attention;
+mod conformer;
+mod pos_encoding;
+mod subsampling;
+
+use crate::checkpoint::TensorMap;
+use crate::config::{AttentionModel, EncoderConfig};
+use crate::error::ModelError;
+use crate::features::Features;
+use crate::tdt::EncodedUtterance;
+
+use conformer::ConformerLayer;
+use subsampling::Subsampling;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Encoder {
+    cfg: EncoderConfig,
+    pre_encode: Subsampling,
+    layers: Vec<ConformerLayer>,
+    /// The local attention band table does not depend on the utterance.
+    local_pos_emb: Option<Vec<f32>>,
+}
+
+impl Encoder {
+    pub(crate) fn load(tensors: &TensorMap, cfg: &EncoderConfig) -> Result<Self, ModelError> {
+        let layers = (0..cfg.n_layers)
+            .map(|l| ConformerLayer::load(tensors, &format!("encoder.layers.{l}"), cfg))
+            .collect::<Result<Vec<_>, _>>()?;
+        let local_pos_emb = match cfg.attention {
+            AttentionModel::RelPos => None,
+            AttentionModel::RelPosLocal { left, right } => {
+                if left.max(right) == 0 {
+                    return Err(ModelError::InvalidConfig {
+                        file: tensors.source.clone(),
+                        key: "encoder.att_context_size".into(),
+                        problem: "local attention needs a context larger than 0".into(),
+                    });
+                }
+                Some(pos_encoding::local_table(left, right, cfg.d_model))
+            }
+        };
+        Ok(Self {
+            cfg: cfg.clone(),
+            pre_encode: Subsampling::load(tensors, cfg)?,
+            layers,
+            local_pos_emb,
+        })
+    }
+
+    pub(crate) fn forward(&self, features: &Features) -> Result<EncodedUtterance, ModelError> {
+        let d = self.cfg.d_model;
+        if features.n_mels != self.cfg.feat_in
+            || features.data.len() != features.n_mels * features.n_frames
+        {
+            return Err(ModelError::Decode(format!(
+                "features of {} mels x {} frames ({} values) do not fit an encoder with {} inputs",
+                features.n_mels,
+                features.n_frames,
+                features.data.len(),
+                self.cfg.feat_in
+            )));
+        }
+        if features.n_frames == 0 {
+            return Ok(EncodedUtterance {
+                frames: 0,
+                dim: d,
+                data: Vec::new(),
+            });
+        }
+        let (mut x, t) =
+            self.pre_encode
+                .forward(&features.data, features.n_mels, features.n_frames);
+        if self.cfg.xscaling {
+            let scale = (d as f64).sqrt() as f32;
+            for v in x.iter_mut() {
+                *v *= scale;
+            }
+        }
+        let relative;
+        let pos_emb: &[f32] = match &self.local_pos_emb {
+            Some(table) => table,
+            None => {
+                relative = pos_encoding::relative_table(t, d);
+                &relative
+            }
+        };
+        for layer in &self.layers {
+            layer.forward(&mut x, t, pos_emb);
+        }
+        Ok(EncodedUtterance {
+            frames: t,
+            dim: d,
+            data: x,
+        })
+    }
+}
