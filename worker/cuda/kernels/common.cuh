@@ -1,0 +1,68 @@
+// Shared helpers prepended to every kernel module before NVRTC compiles it.
+//
+// bf16 values travel as raw 16-bit patterns (the host side is `half::bf16`, a transparent u16),
+// so the kernels need no cuda_bf16.h and compile under any NVRTC without include paths.
+
+typedef unsigned short bf16_t;
+
+// NVRTC has no math.h, so no INFINITY macro.
+#define F32_INFINITY __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float bf16_to_f32(bf16_t v) {
+    return __uint_as_float(((unsigned int)v) << 16);
+}
+
+// Round to nearest even, NaN stays NaN (quieted): the same rule as `half::bf16::from_f32`.
+__device__ __forceinline__ bf16_t f32_to_bf16(float f) {
+    unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        return (bf16_t)((u >> 16) | 0x0040u);
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16_t)(u >> 16);
+}
+
+__device__ __forceinline__ float sigmoid_f32(float v) {
+    return 1.0f / (1.0f + expf(-v));
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        v += __shfl_xor_sync(0xffffffffu, v, offset);
+    }
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    }
+    return v;
+}
+
+// Block-wide reductions; every thread receives the result. blockDim.x must be a multiple of 32.
+// The leading barrier keeps a second call from overwriting `partial` before the first call's
+// readers are done with it.
+__device__ float block_sum(float v) {
+    __shared__ float partial[32];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    const int warps = blockDim.x >> 5;
+    return warp_sum(lane < warps ? partial[lane] : 0.0f);
+}
+
+__device__ float block_max(float v) {
+    __shared__ float partial[32];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    const int warps = blockDim.x >> 5;
+    return warp_max(lane < warps ? partial[lane] : -F32_INFINITY);
+}

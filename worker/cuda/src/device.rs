@@ -1,0 +1,254 @@
+//! The engine's CUDA context: one device, one stream, the NVRTC-compiled kernel table and the
+//! cuBLASLt handle. Everything the typed operations (in `ops/` and `matmul.rs`) launch goes
+//! through here.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::cudaError_enum;
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, DriverError, LaunchArgs,
+    LaunchConfig, ValidAsZeroBits,
+};
+use cudarc::nvrtc::{CompileError, CompileOptions};
+
+use crate::error::{CudaEngineError, DriverContext, Result};
+use crate::kernels::{Kernel, KernelModule};
+use crate::matmul::Blas;
+
+/// Threads per block for the elementwise and per-row kernels.
+pub(crate) const BLOCK_THREADS: u32 = 256;
+/// Grid cap for grid-stride loops: enough blocks to fill any current GPU several times over.
+const MAX_GRID_BLOCKS: u64 = 65_535 * 8;
+
+/// One GPU's CUDA state for one engine thread.
+///
+/// Owns a non-default stream: every kernel and matmul of this engine is ordered on it, so an
+/// engine needs no synchronization between its own launches.
+pub struct CudaEngine {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    compute_capability: (i32, i32),
+    /// Indexed by `Kernel as usize`; filled for every kernel at creation.
+    functions: Vec<CudaFunction>,
+    pub(crate) blas: Blas,
+}
+
+impl std::fmt::Debug for CudaEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaEngine")
+            .field("ordinal", &self.ctx.ordinal())
+            .field("compute_capability", &self.compute_capability)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Checks that the driver, NVRTC and cuBLASLt libraries can be loaded, without loading any
+/// symbol (cudarc panics on a missing library once a symbol is used, so this must come first).
+pub fn check_cuda_libraries() -> Result<()> {
+    // SAFETY: each call only dlopens the vendor library by its usual names and closes it again;
+    // the libraries' load-time initialisers have no preconditions on our side.
+    let present = unsafe {
+        [
+            ("libcuda (driver)", cudarc::driver::sys::is_culib_present()),
+            ("libnvrtc", cudarc::nvrtc::sys::is_culib_present()),
+            ("libcublasLt", cudarc::cublaslt::sys::is_culib_present()),
+        ]
+    };
+    let missing: Vec<&str> = present
+        .iter()
+        .filter(|(_, found)| !found)
+        .map(|(name, _)| *name)
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(CudaEngineError::NoDevice {
+            reason: format!(
+                "cannot load {} (searched the dynamic loader path; set LD_LIBRARY_PATH)",
+                missing.join(", ")
+            ),
+        })
+    }
+}
+
+impl CudaEngine {
+    /// Opens GPU `ordinal`, creates the engine's stream and cuBLASLt workspace, and compiles every
+    /// kernel module with NVRTC for this GPU's compute capability.
+    ///
+    /// Returns [`CudaEngineError::NoDevice`] (never panics) when the CUDA libraries or a device
+    /// are missing.
+    pub fn new(ordinal: usize) -> Result<Self> {
+        check_cuda_libraries()?;
+        let ctx = CudaContext::new(ordinal).map_err(|source| no_device_or(source, ordinal))?;
+        let stream = ctx
+            .new_stream()
+            .context(|| format!("creating a stream on GPU {ordinal}"))?;
+        let compute_capability = ctx
+            .compute_capability()
+            .context(|| format!("reading the compute capability of GPU {ordinal}"))?;
+        let functions = load_kernels(&ctx, compute_capability)?;
+        let blas = Blas::new(stream.clone(), compute_capability)?;
+        Ok(Self {
+            ctx,
+            stream,
+            compute_capability,
+            functions,
+            blas,
+        })
+    }
+
+    /// The stream every operation of this engine runs on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// (major, minor), e.g. (9, 0) for H100/H200.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.compute_capability
+    }
+
+    /// The device's name as the driver reports it.
+    pub fn device_name(&self) -> Result<String> {
+        self.ctx.name().context(|| "reading the device name".into())
+    }
+
+    /// Waits for all work queued on the engine's stream; surfaces asynchronous kernel faults.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .context(|| "synchronizing the engine stream".into())
+    }
+
+    /// Copies a host slice into a new device buffer.
+    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>> {
+        self.stream
+            .clone_htod(host)
+            .context(|| format!("uploading {} elements", host.len()))
+    }
+
+    /// Copies a device buffer back to the host (waits for the stream).
+    pub fn download<T: DeviceRepr>(&self, device: &CudaSlice<T>) -> Result<Vec<T>> {
+        self.stream
+            .clone_dtoh(device)
+            .context(|| format!("downloading {} elements", device.len()))
+    }
+
+    /// A zero-filled device buffer.
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
+        self.stream
+            .alloc_zeros(len)
+            .context(|| format!("allocating {len} elements"))
+    }
+
+    /// Launches `kernel` on the engine stream with the arguments `push` adds.
+    ///
+    /// # Safety
+    ///
+    /// `push` must add exactly the arguments of the kernel's CUDA signature, in order and with
+    /// the same types, and every index the kernel computes from them must stay inside the buffers
+    /// passed (the typed wrappers validate shapes against buffer lengths before calling this).
+    pub(crate) unsafe fn launch<'a>(
+        &'a self,
+        kernel: Kernel,
+        config: LaunchConfig,
+        shape: impl FnOnce() -> String,
+        push: impl FnOnce(&mut LaunchArgs<'a>),
+    ) -> Result<()> {
+        let mut args = self.stream.launch_builder(&self.functions[kernel as usize]);
+        push(&mut args);
+        // SAFETY: forwarded from this function's contract.
+        unsafe { args.launch(config) }
+            .map(|_| ())
+            .map_err(|source| CudaEngineError::Launch {
+                kernel: kernel.name(),
+                shape: shape(),
+                source,
+            })
+    }
+}
+
+/// Grid-stride launch shape for `n` independent elements.
+pub(crate) fn elementwise_config(n: usize) -> LaunchConfig {
+    let blocks = (n as u64)
+        .div_ceil(u64::from(BLOCK_THREADS))
+        .clamp(1, MAX_GRID_BLOCKS);
+    LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (BLOCK_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// One block per row. Rows must fit the grid's x dimension (checked by the caller).
+pub(crate) fn per_row_config(rows: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows, 1, 1),
+        block_dim: (BLOCK_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn no_device_or(source: DriverError, ordinal: usize) -> CudaEngineError {
+    match source.0 {
+        cudaError_enum::CUDA_ERROR_NO_DEVICE
+        | cudaError_enum::CUDA_ERROR_INVALID_DEVICE
+        | cudaError_enum::CUDA_ERROR_NOT_INITIALIZED => CudaEngineError::NoDevice {
+            reason: format!("GPU {ordinal}: {source}"),
+        },
+        _ => CudaEngineError::Driver {
+            context: format!("opening GPU {ordinal}"),
+            source,
+        },
+    }
+}
+
+/// Compiles every module to PTX for the device's virtual architecture (`compute_XY`; the driver
+/// JIT-compiles that PTX to the exact SM when loading) and resolves every kernel symbol once.
+fn load_kernels(ctx: &Arc<CudaContext>, (major, minor): (i32, i32)) -> Result<Vec<CudaFunction>> {
+    let arch_option = format!("--gpu-architecture=compute_{major}{minor}");
+    let mut modules = Vec::with_capacity(KernelModule::ALL.len());
+    for module in KernelModule::ALL {
+        let options = CompileOptions {
+            options: vec![arch_option.clone(), "--std=c++17".into()],
+            // Exact division and square roots: these kernels are parity references first.
+            fmad: Some(true),
+            prec_div: Some(true),
+            prec_sqrt: Some(true),
+            name: Some(format!("{}.cu", module.name())),
+            ..Default::default()
+        };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(module.source(), options)
+            .map_err(|error| compile_error(module, &arch_option, error))?;
+        let loaded = ctx
+            .load_module(ptx)
+            .context(|| format!("loading kernel module {}", module.name()))?;
+        modules.push((module, loaded));
+    }
+    Kernel::ALL
+        .iter()
+        .map(|kernel| {
+            let (_, loaded) = modules
+                .iter()
+                .find(|(module, _)| *module == kernel.module())
+                .expect("every kernel's module is in KernelModule::ALL (bug)");
+            loaded
+                .load_function(kernel.name())
+                .context(|| format!("resolving kernel {}", kernel.name()))
+        })
+        .collect()
+}
+
+fn compile_error(module: KernelModule, arch_option: &str, error: CompileError) -> CudaEngineError {
+    match error {
+        CompileError::CompileError { options, log, .. } => CudaEngineError::Compile {
+            module: module.name(),
+            options,
+            log: log.to_string_lossy().into_owned(),
+        },
+        other => CudaEngineError::Compile {
+            module: module.name(),
+            options: vec![arch_option.to_owned()],
+            log: other.to_string(),
+        },
+    }
+}

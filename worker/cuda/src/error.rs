@@ -1,0 +1,67 @@
+//! The crate's one error type: every CUDA, NVRTC and cuBLASLt failure, with what was being done.
+
+use cudarc::cublaslt::result::CublasError;
+use cudarc::driver::DriverError;
+
+/// Every failure of the CUDA layer, with enough context (kernel, shapes) to act on it.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaEngineError {
+    /// No usable CUDA driver, library or device on this machine. Callers that can run elsewhere
+    /// (CPU engine, CI) treat this one variant as "not here"; every other variant is a real fault.
+    #[error("no CUDA device available: {reason}")]
+    NoDevice { reason: String },
+
+    /// A CUDA driver call failed.
+    #[error("CUDA driver error while {context}: {source}")]
+    Driver {
+        context: String,
+        #[source]
+        source: DriverError,
+    },
+
+    /// NVRTC rejected a kernel module (the log says why).
+    #[error("NVRTC could not compile kernel module {module} with options {options:?}: {log}")]
+    Compile {
+        module: &'static str,
+        options: Vec<String>,
+        log: String,
+    },
+
+    /// A kernel launch was refused by the driver.
+    #[error("launching kernel {kernel} ({shape}): {source}")]
+    Launch {
+        kernel: &'static str,
+        shape: String,
+        #[source]
+        source: DriverError,
+    },
+
+    /// A cuBLASLt call failed (including "no algorithm for this problem").
+    #[error("cuBLASLt {call} failed for {shape}: {source}")]
+    Cublas {
+        call: &'static str,
+        shape: String,
+        #[source]
+        source: CublasError,
+    },
+
+    /// Buffers or sizes handed to an operation do not fit together; nothing was launched.
+    #[error("{op}: {detail}")]
+    Shape { op: &'static str, detail: String },
+}
+
+pub type Result<T, E = CudaEngineError> = std::result::Result<T, E>;
+
+/// Attaches a description of the driver call's purpose to its error.
+pub(crate) trait DriverContext<T> {
+    fn context(self, what: impl FnOnce() -> String) -> Result<T>;
+}
+
+impl<T> DriverContext<T> for Result<T, DriverError> {
+    fn context(self, what: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|source| CudaEngineError::Driver {
+            context: what(),
+            source,
+        })
+    }
+}

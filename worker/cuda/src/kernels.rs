@@ -1,0 +1,126 @@
+//! The kernel modules (CUDA C under `kernels/`, compiled by NVRTC when an engine starts) and the
+//! functions each one exports.
+
+/// Every module's source starts with these helpers (bf16 conversion, block reductions).
+const COMMON: &str = include_str!("../kernels/common.cuh");
+
+/// One NVRTC compilation unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum KernelModule {
+    Convert,
+    Activation,
+    LayerNorm,
+    Softmax,
+    DepthwiseConv,
+}
+
+impl KernelModule {
+    pub(crate) const ALL: [KernelModule; 5] = [
+        KernelModule::Convert,
+        KernelModule::Activation,
+        KernelModule::LayerNorm,
+        KernelModule::Softmax,
+        KernelModule::DepthwiseConv,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            KernelModule::Convert => "convert",
+            KernelModule::Activation => "activation",
+            KernelModule::LayerNorm => "layer_norm",
+            KernelModule::Softmax => "softmax",
+            KernelModule::DepthwiseConv => "depthwise_conv",
+        }
+    }
+
+    fn body(self) -> &'static str {
+        match self {
+            KernelModule::Convert => include_str!("../kernels/convert.cu"),
+            KernelModule::Activation => include_str!("../kernels/activation.cu"),
+            KernelModule::LayerNorm => include_str!("../kernels/layer_norm.cu"),
+            KernelModule::Softmax => include_str!("../kernels/softmax.cu"),
+            KernelModule::DepthwiseConv => include_str!("../kernels/depthwise_conv.cu"),
+        }
+    }
+
+    /// The full translation unit handed to NVRTC.
+    pub(crate) fn source(self) -> String {
+        format!("{COMMON}\n{}", self.body())
+    }
+}
+
+/// One `extern "C" __global__` function. The discriminant indexes the engine's function table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Kernel {
+    F32ToBf16,
+    Bf16ToF32,
+    Silu,
+    Glu,
+    LayerNorm,
+    AddLayerNorm,
+    MaskedSoftmax,
+    DepthwiseConv1d,
+}
+
+impl Kernel {
+    pub(crate) const ALL: [Kernel; 8] = [
+        Kernel::F32ToBf16,
+        Kernel::Bf16ToF32,
+        Kernel::Silu,
+        Kernel::Glu,
+        Kernel::LayerNorm,
+        Kernel::AddLayerNorm,
+        Kernel::MaskedSoftmax,
+        Kernel::DepthwiseConv1d,
+    ];
+
+    /// The symbol in the compiled module.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kernel::F32ToBf16 => "f32_to_bf16_kernel",
+            Kernel::Bf16ToF32 => "bf16_to_f32_kernel",
+            Kernel::Silu => "silu_bf16",
+            Kernel::Glu => "glu_bf16",
+            Kernel::LayerNorm => "layer_norm_bf16",
+            Kernel::AddLayerNorm => "add_layer_norm_bf16",
+            Kernel::MaskedSoftmax => "masked_softmax_f32_bf16",
+            Kernel::DepthwiseConv1d => "depthwise_conv1d_bf16",
+        }
+    }
+
+    pub(crate) fn module(self) -> KernelModule {
+        match self {
+            Kernel::F32ToBf16 | Kernel::Bf16ToF32 => KernelModule::Convert,
+            Kernel::Silu | Kernel::Glu => KernelModule::Activation,
+            Kernel::LayerNorm | Kernel::AddLayerNorm => KernelModule::LayerNorm,
+            Kernel::MaskedSoftmax => KernelModule::Softmax,
+            Kernel::DepthwiseConv1d => KernelModule::DepthwiseConv,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_symbol_is_defined_in_its_module() {
+        for kernel in Kernel::ALL {
+            let source = kernel.module().source();
+            let declaration = format!("void {}(", kernel.name());
+            assert!(
+                source.contains(&declaration),
+                "{} not found in module {}",
+                kernel.name(),
+                kernel.module().name()
+            );
+        }
+    }
+
+    #[test]
+    fn kernel_table_order_matches_discriminants() {
+        for (index, kernel) in Kernel::ALL.iter().enumerate() {
+            assert_eq!(*kernel as usize, index);
+        }
+    }
+}

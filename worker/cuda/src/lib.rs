@@ -1,0 +1,26 @@
+//! CUDA layer of the native encoder.
+//!
+//! Layered like cudarc: [`CudaEngine`] (`device.rs`) owns the context, one stream, the
+//! NVRTC-compiled kernel table and the cuBLASLt handle; `ops/` and `matmul.rs` are the typed,
+//! shape-checked operations launched on it. Storage is bf16 with fp32 accumulation.
+//!
+//! Without a CUDA driver or libraries every entry point returns
+//! [`CudaEngineError::NoDevice`] instead of panicking.
+// Raw CUDA calls need `unsafe`; the workspace denies it everywhere else. Every unsafe block and
+// function here states its safety argument.
+#![allow(unsafe_code)]
+
+mod device;
+mod error;
+mod fold;
+mod kernels;
+mod matmul;
+mod ops;
+
+pub use cudarc::driver::CudaSlice;
+pub use device::{check_cuda_libraries, CudaEngine};
+pub use error::{CudaEngineError, Result};
+pub use fold::{fold_batch_norm, BatchNorm, FoldedDepthwise};
+pub use half::bf16;
+pub use matmul::{BLayout, MatmulOutput, MatmulSpec};
+pub use ops::{AttentionShape, DepthwiseShape, LayerNormWeights, Residual, RowShape};

@@ -1,0 +1,51 @@
+//! Typed, shape-checked wrappers over the NVRTC kernels, one file per kernel family.
+
+mod activation;
+mod convert;
+mod depthwise_conv;
+mod layer_norm;
+mod softmax;
+
+pub use depthwise_conv::DepthwiseShape;
+pub use layer_norm::{LayerNormWeights, Residual, RowShape};
+pub use softmax::AttentionShape;
+
+use crate::error::{CudaEngineError, Result};
+
+/// Fails unless `have >= need` elements; nothing is launched on failure.
+pub(crate) fn check_len(op: &'static str, buffer: &str, have: usize, need: usize) -> Result<()> {
+    if have < need {
+        return Err(CudaEngineError::Shape {
+            op,
+            detail: format!("{buffer} holds {have} elements, needs {need}"),
+        });
+    }
+    Ok(())
+}
+
+/// Converts a size to the kernel's `int`, or fails with the op's name.
+pub(crate) fn to_i32(op: &'static str, what: &str, value: usize) -> Result<i32> {
+    i32::try_from(value).map_err(|_| CudaEngineError::Shape {
+        op,
+        detail: format!("{what} = {value} does not fit a 32-bit kernel argument"),
+    })
+}
+
+/// Converts an element count to the kernel's `long long`.
+pub(crate) fn to_i64(op: &'static str, what: &str, value: usize) -> Result<i64> {
+    i64::try_from(value).map_err(|_| CudaEngineError::Shape {
+        op,
+        detail: format!("{what} = {value} does not fit a 64-bit kernel argument"),
+    })
+}
+
+/// Grid x dimension for one block per row.
+pub(crate) fn rows_for_grid(op: &'static str, rows: usize) -> Result<u32> {
+    u32::try_from(rows)
+        .ok()
+        .filter(|&r| r >= 1 && r <= i32::MAX as u32)
+        .ok_or_else(|| CudaEngineError::Shape {
+            op,
+            detail: format!("{rows} rows: need 1 ..= 2^31-1 (one block per row)"),
+        })
+}
