@@ -56,6 +56,11 @@ impl TensorMap {
         Ok(t)
     }
 
+    /// The tensor `name` whatever its shape (for inspection; the model uses [`Self::get`]).
+    pub fn get_any_shape(&self, name: &str) -> Option<&Tensor> {
+        self.tensors.get(name)
+    }
+
     /// `joint.joint_net.<i>`, the joint's final Linear: `<i>` is 2 when the joint has dropout
     /// and 1 without, so it is found, not assumed. `None` if there is no such weight.
     pub fn joint_output_prefix(&self) -> Option<String> {
