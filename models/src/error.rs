@@ -64,6 +64,10 @@ pub enum ModelError {
     #[error("{file}: bad vocabulary: {problem}")]
     Vocabulary { file: PathBuf, problem: String },
 
+    /// An output format name that `render::OutputFormat` does not know.
+    #[error("unknown output format `{0}` (expected json, verbose_json, text, srt or vtt)")]
+    UnknownOutputFormat(String),
+
     /// The `.nemo` tar (or its gzip wrapper) is unreadable: truncated, not a tar, bad member.
     #[error("{file}: bad archive: {problem}")]
     Archive { file: PathBuf, problem: String },

@@ -3,14 +3,17 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod detokenize;
 mod encoder;
 pub mod error;
 pub mod features;
 mod linalg;
 pub mod model;
 pub mod prediction;
+pub mod render;
 pub mod tdt;
 pub mod tensor;
+pub mod timestamps;
 pub mod transcript;
 
 pub use error::ModelError;

@@ -1,0 +1,425 @@
+//! Transcript documents in the formats of OpenAI's transcription API: `json`, `verbose_json`,
+//! `text`, `srt` and `vtt`.
+//!
+//! Times in documents are rounded to the millisecond (the transcript keeps NeMo's exact
+//! floats). Every document ends with a newline, and an empty transcript renders as a valid
+//! document of its format.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use crate::error::ModelError;
+use crate::transcript::{Segment, Transcript};
+
+/// An output format; parses from and prints as its API name (`verbose_json`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OutputFormat {
+    Json,
+    VerboseJson,
+    Text,
+    Srt,
+    Vtt,
+}
+
+impl OutputFormat {
+    pub const ALL: [OutputFormat; 5] = [
+        OutputFormat::Json,
+        OutputFormat::VerboseJson,
+        OutputFormat::Text,
+        OutputFormat::Srt,
+        OutputFormat::Vtt,
+    ];
+
+    /// The name used by the API and the CLI.
+    pub fn name(self) -> &'static str {
+        match self {
+            OutputFormat::Json => "json",
+            OutputFormat::VerboseJson => "verbose_json",
+            OutputFormat::Text => "text",
+            OutputFormat::Srt => "srt",
+            OutputFormat::Vtt => "vtt",
+        }
+    }
+
+    /// File extension, without the dot.
+    pub fn extension(self) -> &'static str {
+        match self {
+            OutputFormat::Json | OutputFormat::VerboseJson => "json",
+            OutputFormat::Text => "txt",
+            OutputFormat::Srt => "srt",
+            OutputFormat::Vtt => "vtt",
+        }
+    }
+
+    /// HTTP `Content-Type`.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            OutputFormat::Json | OutputFormat::VerboseJson => "application/json",
+            OutputFormat::Text => "text/plain; charset=utf-8",
+            OutputFormat::Srt => "application/x-subrip; charset=utf-8",
+            OutputFormat::Vtt => "text/vtt; charset=utf-8",
+        }
+    }
+}
+
+impl fmt::Display for OutputFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for OutputFormat {
+    type Err = ModelError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        OutputFormat::ALL
+            .into_iter()
+            .find(|f| f.name() == s)
+            .ok_or_else(|| ModelError::UnknownOutputFormat(s.to_string()))
+    }
+}
+
+/// What the transcript itself does not know.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RenderOptions {
+    /// `language` of `verbose_json` (OpenAI writes the language name, e.g. `english`); omitted
+    /// when `None`.
+    pub language: Option<String>,
+}
+
+/// `transcript` as a document of `format`.
+pub fn render(transcript: &Transcript, format: OutputFormat, options: &RenderOptions) -> String {
+    match format {
+        OutputFormat::Json => json(transcript),
+        OutputFormat::VerboseJson => verbose_json(transcript, options.language.as_deref()),
+        OutputFormat::Text => text(transcript),
+        OutputFormat::Srt => srt(transcript),
+        OutputFormat::Vtt => vtt(transcript),
+    }
+}
+
+fn round_ms(seconds: f64) -> f64 {
+    (seconds * 1000.0).round() / 1000.0
+}
+
+fn to_json_line<T: Serialize>(value: &T) -> String {
+    let mut out = serde_json::to_string(value)
+        .expect("plain structs with string keys always serialize (bug)");
+    out.push('\n');
+    out
+}
+
+/// `{"text": ...}`.
+pub fn json(transcript: &Transcript) -> String {
+    #[derive(Serialize)]
+    struct Doc<'a> {
+        text: &'a str,
+    }
+    to_json_line(&Doc {
+        text: &transcript.text,
+    })
+}
+
+#[derive(Serialize)]
+struct VerboseSegment<'a> {
+    id: usize,
+    /// Whisper's window offset; there are no windows here.
+    seek: usize,
+    start: f64,
+    end: f64,
+    text: &'a str,
+    tokens: &'a [u32],
+    /// Greedy decoding.
+    temperature: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    speaker: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct VerboseWord<'a> {
+    word: &'a str,
+    start: f64,
+    end: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    speaker: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct VerboseDoc<'a> {
+    task: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    language: Option<&'a str>,
+    duration: f64,
+    text: &'a str,
+    segments: Vec<VerboseSegment<'a>>,
+    words: Vec<VerboseWord<'a>>,
+}
+
+/// OpenAI's `verbose_json`: task, language, duration, text, segments (id, seek, start, end,
+/// text, tokens, temperature) and words (word, start, end); speaker labels when present.
+/// Whisper's per-segment `avg_logprob`, `compression_ratio` and `no_speech_prob` are not
+/// computed and therefore left out.
+pub fn verbose_json(transcript: &Transcript, language: Option<&str>) -> String {
+    let segments = transcript
+        .segments
+        .iter()
+        .map(|s| VerboseSegment {
+            id: s.id,
+            seek: 0,
+            start: round_ms(s.start_s),
+            end: round_ms(s.end_s),
+            text: &s.text,
+            tokens: &s.tokens,
+            temperature: 0.0,
+            speaker: s.speaker.as_deref(),
+        })
+        .collect();
+    let words = transcript
+        .words
+        .iter()
+        .map(|w| VerboseWord {
+            word: &w.word,
+            start: round_ms(w.start_s),
+            end: round_ms(w.end_s),
+            speaker: w.speaker.as_deref(),
+        })
+        .collect();
+    to_json_line(&VerboseDoc {
+        task: "transcribe",
+        language,
+        duration: round_ms(transcript.duration_s),
+        text: &transcript.text,
+        segments,
+        words,
+    })
+}
+
+/// The text and a newline.
+pub fn text(transcript: &Transcript) -> String {
+    format!("{}\n", transcript.text)
+}
+
+/// `HH:MM:SS<sep>mmm`, hours widening past 99.
+fn clock(seconds: f64, millis_separator: char) -> String {
+    // `as` saturates: NaN and negatives become 0.
+    let total_ms = (seconds * 1000.0).round() as u64;
+    let (hours, rest) = (total_ms / 3_600_000, total_ms % 3_600_000);
+    let (minutes, rest) = (rest / 60_000, rest % 60_000);
+    let (secs, millis) = (rest / 1000, rest % 1000);
+    format!("{hours:02}:{minutes:02}:{secs:02}{millis_separator}{millis:03}")
+}
+
+/// A segment's text on one line (a blank line would end the cue), `None` when empty.
+fn cue_text(segment: &Segment) -> Option<String> {
+    let line = segment
+        .text
+        .split(['\r', '\n'])
+        .filter(|part| !part.trim().is_empty())
+        .map(str::trim)
+        .collect::<Vec<_>>()
+        .join(" ");
+    (!line.is_empty()).then_some(line)
+}
+
+/// SubRip: one numbered cue per non-empty segment, `HH:MM:SS,mmm`; a speaker as a prefix.
+pub fn srt(transcript: &Transcript) -> String {
+    let mut out = String::new();
+    let cues = transcript
+        .segments
+        .iter()
+        .filter_map(|s| cue_text(s).map(|text| (s, text)));
+    for (number, (segment, text)) in cues.enumerate() {
+        let speaker = segment
+            .speaker
+            .as_deref()
+            .map(|s| format!("{s}: "))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "{}\n{} --> {}\n{speaker}{text}\n\n",
+            number + 1,
+            clock(segment.start_s, ','),
+            clock(segment.end_s, ','),
+        ));
+    }
+    out
+}
+
+/// WebVTT cue text escapes `&`, `<` and `>` (which also rules out a `-->` in the text).
+fn vtt_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// WebVTT: the header, then one cue per non-empty segment, `HH:MM:SS.mmm`; a speaker as a
+/// voice span.
+pub fn vtt(transcript: &Transcript) -> String {
+    let mut out = String::from("WEBVTT\n");
+    for segment in &transcript.segments {
+        let Some(text) = cue_text(segment) else {
+            continue;
+        };
+        let voice = segment
+            .speaker
+            .as_deref()
+            .map(|s| format!("<v {}>", vtt_escape(s)))
+            .unwrap_or_default();
+        out.push_str(&format!(
+            "\n{} --> {}\n{voice}{}\n",
+            clock(segment.start_s, '.'),
+            clock(segment.end_s, '.'),
+            vtt_escape(&text),
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transcript::Word;
+
+    fn segment(id: usize, start_s: f64, end_s: f64, text: &str) -> Segment {
+        Segment {
+            id,
+            start_s,
+            end_s,
+            text: text.to_string(),
+            tokens: vec![id as u32 + 10, id as u32 + 20],
+            speaker: None,
+        }
+    }
+
+    fn word(word: &str, start_s: f64, end_s: f64) -> Word {
+        Word {
+            word: word.to_string(),
+            start_s,
+            end_s,
+            speaker: None,
+        }
+    }
+
+    fn sample() -> Transcript {
+        Transcript {
+            text: "Hi there. <b>A&B</b>?".to_string(),
+            duration_s: 3_725.000_4,
+            tokens: Vec::new(),
+            words: vec![
+                word("Hi", 0.0, 0.08),
+                word("there.", 0.08, 0.56),
+                word("<b>A&B</b>?", 0.7200000000000001, 3_724.999_6),
+            ],
+            segments: vec![
+                segment(0, 0.0, 0.56, "Hi there."),
+                segment(1, 0.7200000000000001, 3_724.999_6, "<b>A&B</b>?"),
+            ],
+        }
+    }
+
+    fn empty() -> Transcript {
+        Transcript {
+            text: String::new(),
+            duration_s: 0.5,
+            tokens: Vec::new(),
+            words: Vec::new(),
+            segments: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn json_has_only_text() {
+        assert_eq!(json(&sample()), "{\"text\":\"Hi there. <b>A&B</b>?\"}\n");
+        assert_eq!(json(&empty()), "{\"text\":\"\"}\n");
+    }
+
+    #[test]
+    fn verbose_json_golden() {
+        let expected = concat!(
+            r#"{"task":"transcribe","language":"english","duration":3725.0,"text":"Hi there. <b>A&B</b>?","#,
+            r#""segments":[{"id":0,"seek":0,"start":0.0,"end":0.56,"text":"Hi there.","tokens":[10,20],"temperature":0.0},"#,
+            r#"{"id":1,"seek":0,"start":0.72,"end":3725.0,"text":"<b>A&B</b>?","tokens":[11,21],"temperature":0.0}],"#,
+            r#""words":[{"word":"Hi","start":0.0,"end":0.08},{"word":"there.","start":0.08,"end":0.56},"#,
+            r#"{"word":"<b>A&B</b>?","start":0.72,"end":3725.0}]}"#,
+            "\n"
+        );
+        assert_eq!(verbose_json(&sample(), Some("english")), expected);
+        assert_eq!(
+            verbose_json(&empty(), None),
+            "{\"task\":\"transcribe\",\"duration\":0.5,\"text\":\"\",\"segments\":[],\"words\":[]}\n"
+        );
+    }
+
+    #[test]
+    fn verbose_json_carries_speakers() {
+        let mut t = sample();
+        t.segments[0].speaker = Some("speaker_0".into());
+        t.words[1].speaker = Some("speaker_1".into());
+        let doc: serde_json::Value =
+            serde_json::from_str(&verbose_json(&t, None)).expect("valid json");
+        assert_eq!(doc["segments"][0]["speaker"], "speaker_0");
+        assert!(doc["segments"][1].get("speaker").is_none());
+        assert_eq!(doc["words"][1]["speaker"], "speaker_1");
+        assert!(doc.get("language").is_none());
+    }
+
+    #[test]
+    fn text_golden() {
+        assert_eq!(text(&sample()), "Hi there. <b>A&B</b>?\n");
+        assert_eq!(text(&empty()), "\n");
+    }
+
+    #[test]
+    fn srt_golden() {
+        let expected = "1\n00:00:00,000 --> 00:00:00,560\nHi there.\n\n\
+                        2\n00:00:00,720 --> 01:02:05,000\n<b>A&B</b>?\n\n";
+        assert_eq!(srt(&sample()), expected);
+        assert_eq!(srt(&empty()), "");
+    }
+
+    #[test]
+    fn vtt_golden() {
+        let expected = "WEBVTT\n\n00:00:00.000 --> 00:00:00.560\nHi there.\n\n\
+                        00:00:00.720 --> 01:02:05.000\n&lt;b&gt;A&amp;B&lt;/b&gt;?\n";
+        assert_eq!(vtt(&sample()), expected);
+        assert_eq!(vtt(&empty()), "WEBVTT\n");
+    }
+
+    #[test]
+    fn cues_skip_empty_segments_and_keep_one_line() {
+        let mut t = sample();
+        t.segments.insert(1, segment(1, 0.56, 0.6, " "));
+        t.segments[0].text = "Hi\n\nthere.".into();
+        t.segments[0].speaker = Some("A".into());
+        let srt = srt(&t);
+        assert!(srt.starts_with("1\n00:00:00,000 --> 00:00:00,560\nA: Hi there.\n\n2\n"));
+        assert_eq!(srt.matches(" --> ").count(), 2);
+        let vtt = vtt(&t);
+        assert!(vtt.contains("\n<v A>Hi there.\n"));
+        assert_eq!(vtt.matches(" --> ").count(), 2);
+    }
+
+    #[test]
+    fn clock_rounds_to_milliseconds_and_widens_hours() {
+        assert_eq!(clock(0.0, ','), "00:00:00,000");
+        assert_eq!(clock(0.0005, '.'), "00:00:00.001");
+        assert_eq!(clock(59.9996, ','), "00:01:00,000");
+        assert_eq!(clock(98.96000000000001, '.'), "00:01:38.960");
+        assert_eq!(clock(360_000.0, ','), "100:00:00,000");
+        assert_eq!(clock(f64::NAN, ','), "00:00:00,000");
+    }
+
+    #[test]
+    fn formats_parse_and_print_their_names() {
+        for f in OutputFormat::ALL {
+            assert_eq!(f.to_string().parse::<OutputFormat>().expect("parses"), f);
+        }
+        assert_eq!(OutputFormat::Text.extension(), "txt");
+        assert_eq!(OutputFormat::Vtt.content_type(), "text/vtt; charset=utf-8");
+        assert!(matches!(
+            "xml".parse::<OutputFormat>(),
+            Err(ModelError::UnknownOutputFormat(s)) if s == "xml"
+        ));
+    }
+}
