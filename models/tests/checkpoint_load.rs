@@ -10,12 +10,18 @@ use models::checkpoint::{Checkpoint, LoadOptions};
 use models::config::{AttentionModel, FeatureNormalization, StftPadding};
 use serde_json::Value;
 
-fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tdt-real-options")
+/// The NeMo-built fixtures (see `tests/fixtures/README.md`): the real model's options, and
+/// local attention with biases and no joint dropout.
+const FIXTURES: [&str; 2] = ["tdt-real-options", "tdt-local-attn"];
+
+fn fixture_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
-fn expected() -> Result<Value> {
-    let text = std::fs::read_to_string(fixture_dir().join("expected.json"))?;
+fn expected(name: &str) -> Result<Value> {
+    let text = std::fs::read_to_string(fixture_dir(name).join("expected.json"))?;
     Ok(serde_json::from_str(&text)?)
 }
 
@@ -26,15 +32,23 @@ fn num(v: &Value, key: &str) -> Result<usize> {
         .with_context(|| format!("expected.json model.{key} is not an integer"))
 }
 
-fn load_fixture() -> Result<Checkpoint> {
-    Ok(Checkpoint::load(&fixture_dir().join("model.nemo"))?)
+fn load_fixture(name: &str) -> Result<Checkpoint> {
+    Checkpoint::load(&fixture_dir(name).join("model.nemo"))
+        .with_context(|| format!("loading fixture {name}"))
 }
 
 #[test]
 fn config_matches_the_generator_record() -> Result<()> {
-    let exp = expected()?;
+    for name in FIXTURES {
+        config_matches(name)?;
+    }
+    Ok(())
+}
+
+fn config_matches(name: &str) -> Result<()> {
+    let exp = expected(name)?;
     let m = &exp["model"];
-    let ckpt = load_fixture()?;
+    let ckpt = load_fixture(name)?;
     let c = &ckpt.config;
 
     assert_eq!(c.features.n_mels, num(m, "n_mels")?);
@@ -107,16 +121,24 @@ fn stft_padding_can_be_overridden() -> Result<()> {
     let options = LoadOptions {
         stft_padding: Some(StftPadding::Reflect),
     };
-    let ckpt = Checkpoint::load_with(&fixture_dir().join("model.nemo"), &options)?;
+    let ckpt = Checkpoint::load_with(&fixture_dir(FIXTURES[0]).join("model.nemo"), &options)?;
     assert_eq!(ckpt.config.features.stft_padding, StftPadding::Reflect);
     Ok(())
 }
 
 #[test]
 fn state_dict_has_every_tensor_the_architecture_needs() -> Result<()> {
-    let exp = expected()?;
+    for name in FIXTURES {
+        state_dict_complete(name)?;
+    }
+    Ok(())
+}
+
+fn state_dict_complete(name: &str) -> Result<()> {
+    let exp = expected(name)?;
     let m = &exp["model"];
-    let ckpt = load_fixture()?;
+    let ckpt = load_fixture(name)?;
+    let use_bias = m["use_bias"].as_bool().context("use_bias")?;
     let t = &ckpt.tensors;
     let (d, heads, c) = (
         num(m, "d_model")?,
@@ -157,9 +179,16 @@ fn state_dict_has_every_tensor_the_architecture_needs() -> Result<()> {
         t.get(&format!("{l}.conv.depthwise_conv.weight"), &[d, 1, k])?;
         t.get(&format!("{l}.conv.batch_norm.running_var"), &[d])?;
         t.get(&format!("{l}.norm_out.bias"), &[d])?;
-        // use_bias: false in this fixture, so no encoder Linear/Conv biases.
-        assert!(!t.contains(&format!("{l}.self_attn.linear_q.bias")));
-        assert!(!t.contains(&format!("{l}.conv.pointwise_conv1.bias")));
+        // Encoder Linear/Conv biases exist exactly when the model was built with use_bias.
+        if use_bias {
+            t.get(&format!("{l}.self_attn.linear_q.bias"), &[d])?;
+            t.get(&format!("{l}.feed_forward1.linear1.bias"), &[ff])?;
+            t.get(&format!("{l}.conv.pointwise_conv1.bias"), &[2 * d])?;
+            t.get(&format!("{l}.conv.depthwise_conv.bias"), &[d])?;
+        } else {
+            assert!(!t.contains(&format!("{l}.self_attn.linear_q.bias")));
+            assert!(!t.contains(&format!("{l}.conv.pointwise_conv1.bias")));
+        }
         // Integer buffers are not floating weights and are skipped.
         assert!(!t.contains(&format!("{l}.conv.batch_norm.num_batches_tracked")));
     }
@@ -186,7 +215,7 @@ fn state_dict_has_every_tensor_the_architecture_needs() -> Result<()> {
 
 #[test]
 fn stored_window_decodes_to_a_symmetric_hann() -> Result<()> {
-    let ckpt = load_fixture()?;
+    let ckpt = load_fixture(FIXTURES[0])?;
     let window = &ckpt
         .tensors
         .get("preprocessor.featurizer.window", &[400])?
@@ -199,7 +228,7 @@ fn stored_window_decodes_to_a_symmetric_hann() -> Result<()> {
         );
     }
     // The embedding's blank row (padding_idx) is all zeros in NeMo.
-    let m = &expected()?["model"];
+    let m = &expected(FIXTURES[0])?["model"];
     let (v, h) = (num(m, "vocab_size")?, num(m, "pred_hidden")?);
     let embed = &ckpt
         .tensors
@@ -212,12 +241,19 @@ fn stored_window_decodes_to_a_symmetric_hann() -> Result<()> {
 
 #[test]
 fn vocabulary_is_the_sentencepiece_listing() -> Result<()> {
-    let ckpt = load_fixture()?;
-    let m = &expected()?["model"];
+    for name in FIXTURES {
+        vocabulary_matches(name)?;
+    }
+    Ok(())
+}
+
+fn vocabulary_matches(name: &str) -> Result<()> {
+    let ckpt = load_fixture(name)?;
+    let m = &expected(name)?["model"];
     assert_eq!(ckpt.vocabulary.len(), num(m, "vocab_size")?);
 
     // Independently: the `.vocab` member's first column, in order.
-    let mut archive = tar::Archive::new(std::fs::File::open(fixture_dir().join("model.nemo"))?);
+    let mut archive = tar::Archive::new(std::fs::File::open(fixture_dir(name).join("model.nemo"))?);
     let mut listing = None;
     for entry in archive.entries()? {
         let mut entry = entry?;
@@ -238,5 +274,34 @@ fn vocabulary_is_the_sentencepiece_listing() -> Result<()> {
         .collect();
     assert_eq!(ckpt.vocabulary, pieces);
     assert!(ckpt.vocabulary.iter().any(|p| p.starts_with('\u{2581}')));
+    Ok(())
+}
+
+/// The full-size (0.6B) random checkpoint, made on demand, not checked in:
+/// `PARAKEET_FULL_NEMO=/path/full.nemo cargo test -p models --release --test checkpoint_load -- --ignored`
+/// (run the test binary under `/usr/bin/time -v` for peak RSS).
+#[test]
+#[ignore = "needs PARAKEET_FULL_NEMO, a multi-gigabyte checkpoint"]
+fn full_size_checkpoint_loads() -> Result<()> {
+    let path = std::env::var_os("PARAKEET_FULL_NEMO").context("set PARAKEET_FULL_NEMO")?;
+    let start = std::time::Instant::now();
+    let ckpt = Checkpoint::load(Path::new(&path))?;
+    let params: usize = ckpt
+        .tensors
+        .names()
+        .filter_map(|n| ckpt.tensors.get_any_shape(n))
+        .map(|t| t.numel())
+        .sum();
+    println!(
+        "loaded {} tensors, {params} parameters, {} layers x d_model {} in {:.2} s",
+        ckpt.tensors.names().count(),
+        ckpt.config.encoder.n_layers,
+        ckpt.config.encoder.d_model,
+        start.elapsed().as_secs_f64()
+    );
+    assert!(
+        params > 100_000_000,
+        "{params} parameters is not a full-size model"
+    );
     Ok(())
 }
