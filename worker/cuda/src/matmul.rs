@@ -74,7 +74,8 @@ mod sealed {
     impl Sealed for f32 {}
 }
 
-/// Element types a matmul can write (and its bias, which has the output's type).
+/// Element types a matmul can write. The bias has the output's type: cuBLASLt 13.0 refused an
+/// f32 bias with bf16 output (CUBLAS_STATUS_INVALID_VALUE from the heuristic, measured on H200).
 pub trait MatmulOutput: DeviceRepr + sealed::Sealed {
     #[doc(hidden)]
     const DATA_TYPE: sys::cudaDataType;
@@ -132,6 +133,10 @@ impl Drop for Blas {
 
 impl CudaEngine {
     /// `out = alpha * a . op(b) (+ bias)` with bf16 operands and fp32 accumulation.
+    ///
+    /// Numerics measured on H200 / cuBLASLt 13.0 (docs/cuda-engine.md): without bias the result
+    /// is the fp32 product rounded once; with a bf16 bias some kernels round `a . b` to bf16
+    /// before adding the bias (one extra rounding of the product's magnitude).
     ///
     /// Buffers may be longer than the spec needs; only the leading elements are used.
     pub fn matmul<O: MatmulOutput>(
@@ -217,6 +222,18 @@ impl CudaEngine {
             &workspace_bytes,
         )
         .map_err(fail("cublasLtMatmulPreferenceSetAttribute"))?;
+        // Split-K algorithms may sum their partial products in the output type (the in-place and
+        // output-type reduction schemes); with bf16 output that rounds every partial sum. Allow
+        // only reductions in the fp32 compute type (or none).
+        let reduction_schemes =
+            sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
+        pref.set(
+            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+            &reduction_schemes,
+        )
+        .map_err(fail(
+            "cublasLtMatmulPreferenceSetAttribute(REDUCTION_SCHEME_MASK)",
+        ))?;
 
         // SAFETY: every descriptor is alive for the duration of the call.
         let heuristic = unsafe {

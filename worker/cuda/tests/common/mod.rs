@@ -126,6 +126,19 @@ pub const BF16_ULP: f64 = 1.0 / 256.0;
 /// Checks `|got - want| <= bound(i)` for every element (NaN never passes), prints the error
 /// statistics, and panics with the first offenders.
 pub fn assert_close(label: &str, got: &[f32], want: &[f64], bound: impl Fn(usize) -> f64) {
+    if let Err(message) = check_close(label, got, want, bound) {
+        panic!("{message}");
+    }
+}
+
+/// [`assert_close`] that returns the failure instead of panicking, so a test can report every
+/// case before failing.
+pub fn check_close(
+    label: &str,
+    got: &[f32],
+    want: &[f64],
+    bound: impl Fn(usize) -> f64,
+) -> Result<(), String> {
     assert_eq!(got.len(), want.len(), "{label}: length mismatch");
     let mut max_abs = 0.0f64;
     let mut max_ratio = 0.0f64;
@@ -161,13 +174,14 @@ pub fn assert_close(label: &str, got: &[f32], want: &[f64], bound: impl Fn(usize
             .take(8)
             .map(|&i| format!("[{i}] got {} want {} tol {:.3e}", got[i], want[i], bound(i)))
             .collect();
-        panic!(
+        return Err(format!(
             "{label}: {} of {} elements out of tolerance: {}",
             failures.len(),
             got.len(),
             shown.join("; ")
-        );
+        ));
     }
+    Ok(())
 }
 
 pub fn to_f32(values: &[bf16]) -> Vec<f32> {
