@@ -9,6 +9,7 @@ pub mod error;
 pub mod features;
 mod linalg;
 pub mod model;
+pub mod onnx;
 pub mod prediction;
 pub mod render;
 pub mod tdt;
