@@ -252,3 +252,23 @@ fn compile_error(module: KernelModule, arch_option: &str, error: CompileError) -
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_can_move_to_its_own_thread() {
+        fn assert_send<T: Send>() {}
+        assert_send::<CudaEngine>();
+    }
+
+    #[test]
+    fn library_check_never_panics() {
+        // On a machine without CUDA this is the NoDevice path that CI relies on.
+        match check_cuda_libraries() {
+            Ok(()) | Err(CudaEngineError::NoDevice { .. }) => {}
+            Err(other) => panic!("unexpected error: {other}"),
+        }
+    }
+}

@@ -13,12 +13,15 @@ static ENGINE: OnceLock<Result<Mutex<CudaEngine>, String>> = OnceLock::new();
 /// The shared engine, or `None` after a loud skip message when this machine has no CUDA.
 /// With `REQUIRE_CUDA=1` a missing device fails the test instead. Any other engine error fails.
 pub fn engine(test: &str) -> Option<MutexGuard<'static, CudaEngine>> {
+    let started = std::time::Instant::now();
     let slot = ENGINE.get_or_init(|| match CudaEngine::new(0) {
         Ok(engine) => {
             let name = engine.device_name().unwrap_or_else(|e| format!("? ({e})"));
             eprintln!(
-                "cuda-engine tests on {name}, compute capability {:?}",
-                engine.compute_capability()
+                "cuda-engine tests on {name}, compute capability {:?}; engine ready (NVRTC \
+                 included) in {:.0} ms",
+                engine.compute_capability(),
+                started.elapsed().as_secs_f64() * 1e3
             );
             Ok(Mutex::new(engine))
         }
