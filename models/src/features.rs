@@ -356,6 +356,29 @@ mod tests {
     }
 
     #[test]
+    fn reflect_padding_mirrors_without_repeating_the_edge() {
+        let fx = FeatureExtractor::new(&config(StftPadding::Reflect), None, None).expect("new");
+        let signal = [10.0, 11.0, 12.0, 13.0];
+        let at = |i: isize| fx.padded_sample(&signal, i, 4);
+        assert_eq!([at(-1), at(-2), at(-3)], [11.0, 12.0, 13.0]);
+        assert_eq!([at(4), at(5), at(6)], [12.0, 11.0, 10.0]);
+        // Longer than the signal: keeps folding (torch would refuse; we stay defined).
+        assert_eq!([at(-4), at(7), at(9)], [12.0, 11.0, 13.0]);
+        let zeros = FeatureExtractor::new(&config(StftPadding::Zeros), None, None).expect("new");
+        assert_eq!(zeros.padded_sample(&signal, -1, 4), 0.0);
+        assert_eq!(zeros.padded_sample(&signal, 4, 4), 0.0);
+    }
+
+    #[test]
+    fn digital_silence_gives_zero_features() {
+        let fx = FeatureExtractor::new(&config(StftPadding::Zeros), None, None).expect("new");
+        let f = fx.compute(&vec![0.0; 16000]);
+        assert_eq!(f.n_frames, 100);
+        assert!(f.data.iter().all(|v| *v == 0.0));
+        assert_eq!(fx.compute(&[]).n_frames, 0);
+    }
+
+    #[test]
     fn single_frame_normalises_to_zero() {
         let zeros = FeatureExtractor::new(&config(StftPadding::Zeros), None, None).expect("new");
         let pcm: Vec<f32> = (0..200).map(|i| (i as f32 * 0.3).sin()).collect();

@@ -99,6 +99,28 @@ fn check_model(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// Empty input, a clip shorter than one hop and exact digital silence decode (to whatever they
+/// decode to) without errors, alone and inside a batch with speech.
+#[test]
+fn degenerate_inputs_decode_alone_and_in_a_batch() -> Result<()> {
+    let model = ParakeetModel::load(&fixtures().join("tdt-real-options").join("model.nemo"))?;
+    let speech = read_wav(&fixtures().join("clips").join("espeak_us.wav"))?;
+    let silence = vec![0.0f32; 16000];
+    let inputs: Vec<&[f32]> = vec![&[], &speech[..100], &silence, &speech];
+    let batched = model.transcribe_batch(&inputs)?;
+    for (pcm, hyp) in inputs.iter().zip(&batched) {
+        let single = model.transcribe_batch(std::slice::from_ref(pcm))?;
+        ensure!(
+            single[0] == *hyp,
+            "{} samples: batch differs from single",
+            pcm.len()
+        );
+    }
+    ensure!(batched[0].tokens.is_empty() && batched[1].tokens.is_empty());
+    ensure!(!batched[3].tokens.is_empty(), "speech decoded to nothing");
+    Ok(())
+}
+
 #[test]
 fn tdt_real_options_batch_equals_single() -> Result<()> {
     check_model("tdt-real-options")

@@ -10,6 +10,8 @@ use crate::linalg::{load_vector, matmul, relu_in_place, Bias, Linear};
 
 const KERNEL: usize = 3;
 const TAPS: usize = KERNEL * KERNEL;
+/// Output frames computed per chunk (bounds memory on long inputs).
+const OUTPUT_FRAMES_PER_CHUNK: usize = 128;
 
 /// Output length of one `kernel 3, stride 2, padding 1` convolution.
 pub(crate) fn conv_out_len(n: usize) -> usize {
@@ -95,14 +97,51 @@ impl Subsampling {
     }
 
     /// `features` is `[n_mels, t]`; returns `([t', d_model], t')`.
+    ///
+    /// Long inputs run in time chunks so the first stage's `C × t/2 × n_mels/2` activation stays
+    /// small. A chunk producing output frames `[a, b)` reads input rows from `8a − 8` (one
+    /// output frame of left context, discarded, absorbs the chunk-local zero padding) to `8b + 8`,
+    /// which covers every row those outputs depend on, so chunking changes no value.
     pub(crate) fn forward(&self, features: &[f32], n_mels: usize, t: usize) -> (Vec<f32>, usize) {
-        let mut image = vec![0.0; t * n_mels];
+        let factor = 1usize << (self.stages.len() + 1);
+        let mut out_len = t;
+        for _ in 0..=self.stages.len() {
+            out_len = conv_out_len(out_len);
+        }
+        let mut out = Vec::with_capacity(out_len * self.out.out_dim);
+        let mut a = 0;
+        while a < out_len {
+            let b = (a + OUTPUT_FRAMES_PER_CHUNK).min(out_len);
+            let skip = usize::from(a > 0);
+            let first = (a - skip) * factor;
+            let last = ((b + 1) * factor).min(t);
+            let (chunk, rows) = self.forward_rows(features, n_mels, t, first, last);
+            debug_assert!(rows >= skip + b - a, "chunk too short (bug)");
+            out.extend_from_slice(
+                &chunk[skip * self.out.out_dim..(skip + b - a) * self.out.out_dim],
+            );
+            a = b;
+        }
+        (out, out_len)
+    }
+
+    /// The whole stack on input rows `[first, last)`, zero padded at the slice's edges.
+    fn forward_rows(
+        &self,
+        features: &[f32],
+        n_mels: usize,
+        t: usize,
+        first: usize,
+        last: usize,
+    ) -> (Vec<f32>, usize) {
+        let rows = last - first;
+        let mut image = vec![0.0; rows * n_mels];
         for m in 0..n_mels {
-            for ti in 0..t {
-                image[ti * n_mels + m] = features[m * t + ti];
+            for (r, v) in features[m * t + first..m * t + last].iter().enumerate() {
+                image[r * n_mels + m] = *v;
             }
         }
-        let mut x = self.first_conv(&image, t, n_mels);
+        let mut x = self.first_conv(&image, rows, n_mels);
         relu_in_place(&mut x.data);
         for stage in &self.stages {
             x = depthwise_conv(&x, &stage.depthwise_weight, &stage.depthwise_bias);
