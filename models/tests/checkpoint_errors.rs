@@ -653,3 +653,52 @@ fn half_precision_storages_widen_to_f32() -> Result<()> {
     let (_dir, _path, result) = load_bytes(&bf16)?;
     assert_same_model(&plain, &result?, |x| x.abs() * 2f32.powi(-8))
 }
+
+#[test]
+fn random_corruption_never_panics() -> Result<()> {
+    let original = std::fs::read(fixture())?;
+    let len = original.len();
+    anyhow::ensure!(len > 300_000, "fixture is only {len} bytes");
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("model.nemo");
+    // Deterministic LCG; offsets biased towards the structure (tar headers, YAML, tokenizer,
+    // the zip's local headers and data.pkl near the start, its central directory at the end).
+    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        state >> 33
+    };
+    let (mut ok, mut failed) = (0, 0);
+    for round in 0..300 {
+        let mut bytes = original.clone();
+        let region = match round % 3 {
+            0 => 0..len,
+            1 => 0..len.min(300_000),
+            _ => len.saturating_sub(30_000)..len,
+        };
+        let at = region.start + next() as usize % region.len();
+        let n = 1 + next() as usize % 8;
+        for byte in bytes.iter_mut().skip(at).take(n) {
+            *byte = next() as u8;
+        }
+        std::fs::write(&path, &bytes)?;
+        let outcome = std::panic::catch_unwind(|| Checkpoint::load(&path).map(|_| ()));
+        match outcome {
+            Ok(Ok(())) => ok += 1,
+            Ok(Err(e)) => {
+                failed += 1;
+                assert!(
+                    e.to_string().contains(&path.display().to_string())
+                        || matches!(e, ModelError::Io { .. }),
+                    "{e}"
+                );
+            }
+            Err(_) => bail!("panicked with {n} bytes overwritten at {at}"),
+        }
+    }
+    // Both outcomes must actually occur, or the corruption is not reaching anything.
+    assert!(ok > 0 && failed >= 10, "{ok} loaded, {failed} failed");
+    Ok(())
+}

@@ -17,6 +17,10 @@ use crate::error::ModelError;
 /// LayerNorm and BatchNorm epsilon: PyTorch defaults, which NeMo's Conformer never overrides.
 const NORM_EPS: f32 = 1e-5;
 
+/// Largest integer setting accepted (sizes, counts, rates). Far above any real model, and it
+/// keeps every product of two settings (shape checks) well inside `usize`.
+const MAX_SETTING: u64 = 1 << 24;
+
 /// Everything read from the config: the model plus what the loader needs to finish the job.
 #[derive(Debug, Clone)]
 pub(crate) struct ConfigFile {
@@ -94,11 +98,15 @@ impl<'a> Yaml<'a> {
         self.get(key)
             .map(|v| {
                 v.as_u64()
+                    .filter(|&n| n <= MAX_SETTING)
                     .and_then(|n| usize::try_from(n).ok())
                     .ok_or_else(|| {
                         self.invalid(
                             key,
-                            format!("expected a non-negative integer, found {}", show(v)),
+                            format!(
+                                "expected an integer from 0 to {MAX_SETTING}, found {}",
+                                show(v)
+                            ),
                         )
                     })
             })
@@ -292,8 +300,8 @@ fn features(y: &Yaml<'_>, stft_padding: StftPadding) -> Result<FeatureConfig, Mo
                 let n = (secs.unwrap_or(default_secs) * f64::from(sample_rate_hz)) as i64;
                 usize::try_from(n)
                     .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or_else(|| y.invalid(&p(secs_key), "gives a window of no samples"))
+                    .filter(|&n| n > 0 && n as u64 <= MAX_SETTING)
+                    .ok_or_else(|| y.invalid(&p(secs_key), format!("gives a {n}-sample window")))
             }
         }
     };
@@ -427,7 +435,7 @@ fn encoder(y: &Yaml<'_>, n_mels: usize) -> Result<EncoderConfig, ModelError> {
         None | Some(-1) => d_model,
         Some(c) => usize::try_from(c)
             .ok()
-            .filter(|&c| c > 0)
+            .filter(|&c| c > 0 && c as u64 <= MAX_SETTING)
             .ok_or_else(|| y.invalid(&e("subsampling_conv_channels"), format!("{c} channels")))?,
     };
     if y.bool_or(&e("causal_downsampling"), false)? {
@@ -476,10 +484,14 @@ fn encoder(y: &Yaml<'_>, n_mels: usize) -> Result<EncoderConfig, ModelError> {
         ("rel_pos", Some((l, r))) => {
             return Err(y.unsupported(&e("att_context_size"), format!("[{l}, {r}] with rel_pos")))
         }
-        (_, Some((l, r))) if l > 0 && r > 0 => AttentionModel::RelPosLocal {
-            left: l as usize,
-            right: r as usize,
-        },
+        (_, Some((l, r)))
+            if l > 0 && r > 0 && l as u64 <= MAX_SETTING && r as u64 <= MAX_SETTING =>
+        {
+            AttentionModel::RelPosLocal {
+                left: l as usize,
+                right: r as usize,
+            }
+        }
         (_, c) => {
             return Err(y.unsupported(
                 &e("att_context_size"),
