@@ -702,3 +702,20 @@ fn random_corruption_never_panics() -> Result<()> {
     assert!(ok > 0 && failed >= 10, "{ok} loaded, {failed} failed");
     Ok(())
 }
+
+#[test]
+fn stft_padding_follows_the_recorded_nemo_version() -> Result<()> {
+    use models::config::StftPadding;
+    let cases = [
+        ("nemo_version: 2.4.1\n", StftPadding::Reflect),
+        ("nemo_version: 1.23.0\n", StftPadding::Reflect),
+        ("", StftPadding::Reflect),
+        ("nemo_version: 2.5.0\n", StftPadding::Zeros),
+    ];
+    for (line, padding) in cases {
+        let bytes = edit_yaml("nemo_version: 3.0.0\n", line)?;
+        let (_dir, _path, result) = load_bytes(&bytes)?;
+        assert_eq!(result?.config.features.stft_padding, padding, "{line:?}");
+    }
+    Ok(())
+}

@@ -106,12 +106,14 @@ fn config_matches(name: &str) -> Result<()> {
     let frame = m["frame_seconds"].as_f64().context("frame_seconds")?;
     assert!((c.seconds_per_encoder_frame() - frame).abs() < 1e-12);
 
-    // Saved by NeMo >= 2.4, so zero STFT padding unless overridden.
+    // Created by NeMo >= 2.5, so zero STFT padding unless overridden.
     let version = exp["nemo_version"].as_str().context("nemo_version")?;
-    assert!(
-        !version.starts_with("1.") && !version.starts_with("2.0"),
-        "{version}"
-    );
+    let major_minor: Vec<u32> = version
+        .split('.')
+        .take(2)
+        .map(|p| p.parse())
+        .collect::<Result<_, _>>()?;
+    assert!(major_minor >= vec![2, 5], "{version}");
     assert_eq!(c.features.stft_padding, StftPadding::Zeros);
     Ok(())
 }

@@ -94,7 +94,7 @@ pub struct Checkpoint {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoadOptions {
     /// STFT centre padding. `None`: decided from the config's `nemo_version`
-    /// (reflect before NeMo 2.4, zeros from 2.4 on; see `yaml_config::stft_padding_for_version`).
+    /// (reflect before NeMo 2.5, zeros from 2.5 on; see `yaml_config::stft_padding_for_version`).
     pub stft_padding: Option<StftPadding>,
 }
 

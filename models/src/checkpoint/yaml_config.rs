@@ -39,11 +39,14 @@ pub(crate) struct ConfigFile {
 ///
 /// NeMo writes `nemo_version` into the model config when a model is first built, and the value
 /// travels with the config through every later save, so it says which NeMo the model was
-/// created (and normally trained) with. NeMo 2.4 switched the STFT's centre padding from
-/// `reflect` to zeros (and the frame count from `len/hop + 1` to `len/hop`). A model created
-/// before 2.4 learned reflect-padded features, so we reproduce those; from 2.4 on, zeros.
-/// A config without `nemo_version` predates version stamping and therefore 2.4: reflect.
-/// An unparseable version is taken as recent (zeros). [`super::LoadOptions`] overrides this.
+/// created (and normally trained) with. NeMo 2.5.0 switched the STFT's centre padding from
+/// torch's default `reflect` to zeros (and the frame count from `len/hop + 1` to `len/hop`);
+/// the 2.4.0 and 2.4.1 wheels still reflect (checked in their `features.py`). A model created
+/// before 2.5 learned reflect-padded features, so we reproduce those; from 2.5 on, zeros.
+/// A config without `nemo_version` predates version stamping and therefore 2.5: reflect.
+/// An unparseable version is taken as recent (zeros). Note that NeMo 2.5+ itself applies zeros
+/// to every checkpoint, old ones included: to match today's NeMo on an old model, override with
+/// [`super::LoadOptions`].
 pub(crate) fn stft_padding_for_version(nemo_version: Option<&str>) -> StftPadding {
     let Some(version) = nemo_version else {
         return StftPadding::Reflect;
@@ -52,7 +55,7 @@ pub(crate) fn stft_padding_for_version(nemo_version: Option<&str>) -> StftPaddin
     let major = parts.next().and_then(leading_number);
     let minor = parts.next().and_then(leading_number);
     match (major, minor) {
-        (Some(major), Some(minor)) if (major, minor) < (2, 4) => StftPadding::Reflect,
+        (Some(major), Some(minor)) if (major, minor) < (2, 5) => StftPadding::Reflect,
         (Some(major), None) if major < 2 => StftPadding::Reflect,
         _ => StftPadding::Zeros,
     }
@@ -630,9 +633,14 @@ mod tests {
             StftPadding::Reflect
         );
         assert_eq!(
-            stft_padding_for_version(Some("2.4.0rc0")),
+            stft_padding_for_version(Some("2.4.1")),
+            StftPadding::Reflect
+        );
+        assert_eq!(
+            stft_padding_for_version(Some("2.5.0rc0")),
             StftPadding::Zeros
         );
+        assert_eq!(stft_padding_for_version(Some("2.10.0")), StftPadding::Zeros);
         assert_eq!(stft_padding_for_version(Some("3.0.0")), StftPadding::Zeros);
         assert_eq!(
             stft_padding_for_version(Some("garbage")),
