@@ -1,5 +1,10 @@
 //! Checkpoint loading: `.nemo` archives (tar, `model_config.yaml`, torch `model_weights.ckpt`,
 //! tokenizer artifacts) into a resolved [`ParakeetConfig`], named tensors and a vocabulary.
+//!
+//! Errors about a member's contents name it as `<archive>:<member>` (and
+//! `<archive>:model_weights.ckpt:<stem>/data.pkl` inside the torch zip). The weights are read in
+//! place from the tar (a gzip-wrapped `.nemo` is first inflated to an anonymous temporary file
+//! under `TMPDIR`), so peak memory is the f32 weights plus about a megabyte.
 
 mod nemo;
 mod pickle;

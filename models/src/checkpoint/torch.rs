@@ -25,11 +25,12 @@ pub(crate) fn read_state_dict<R: Read + Seek>(
     total_len: u64,
     file: &Path,
 ) -> Result<BTreeMap<String, Tensor>, ModelError> {
-    let zip_err = |e: zip::result::ZipError| ModelError::Zip {
+    let mut zip = zip::ZipArchive::new(reader).map_err(|e| ModelError::Zip {
         file: file.to_path_buf(),
-        problem: e.to_string(),
-    };
-    let mut zip = zip::ZipArchive::new(reader).map_err(zip_err)?;
+        problem: format!(
+            "not a torch.save zip archive ({e}); torch < 1.6 legacy checkpoints are not supported"
+        ),
+    })?;
     let stem = find_stem(&zip, file)?;
     check_byteorder(&mut zip, &stem, file)?;
 
