@@ -432,3 +432,69 @@ fn gpu_runtime_present() -> bool {
         })
         .unwrap_or(false)
 }
+
+#[test]
+fn degenerate_audio_decodes_without_error() -> Result<()> {
+    if !runtime_configured("degenerate_audio_decodes_without_error") {
+        return Ok(());
+    }
+    let model_dir = fixture_models()?.remove(0);
+    let speech = wav("espeak_us")?;
+    let empty: Vec<f32> = Vec::new();
+    let one = vec![0.1f32];
+    let zeros = vec![0.0f32; 4_800];
+    for (kind, dir, _keep) in layouts(&model_dir)? {
+        let mut model = load(kind, &dir)?;
+        let single = model.transcribe_batch(&[&speech])?.remove(0);
+        let hyps = model.transcribe_batch(&[&empty, &one, &zeros, &speech])?;
+        ensure!(
+            hyps[0].tokens.is_empty(),
+            "{kind:?}: tokens for empty audio"
+        );
+        ensure!(hyps[1].tokens.is_empty(), "{kind:?}: tokens for one sample");
+        ensure!(
+            hyps[3] == single,
+            "{kind:?}: degenerate rows changed the speech row"
+        );
+        ensure!(
+            model.transcribe_batch(&[])?.is_empty(),
+            "{kind:?}: empty batch"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn settings_come_from_the_checkpoint_and_options() -> Result<()> {
+    if !runtime_configured("settings_come_from_the_checkpoint_and_options") {
+        return Ok(());
+    }
+    let model_dir = fixture_models()?.remove(0);
+    let exp = expected(&model_dir)?;
+    let checkpoint = models::checkpoint::Checkpoint::load(&model_dir.join("model.nemo"))?;
+    let opts = OnnxOptions {
+        nemo_checkpoint: Some(model_dir.join("model.nemo")),
+        ..options()
+    };
+    let mut model = OnnxModel::load(&model_dir.join("onnx"), &opts)?;
+    ensure!(model.feature_config() == Some(&checkpoint.config.features));
+    ensure!(model.decoder_config().durations == checkpoint.config.decoder.durations);
+    ensure!(model.decoder_config().joint_hidden == checkpoint.config.decoder.joint_hidden);
+    for clip in ["espeak_us", "long"] {
+        let hyp = model.transcribe_batch(&[&wav(clip)?])?.remove(0);
+        ensure!(
+            token_fields(&hyp) == expected_fields(&exp["clips"][clip])?,
+            "{clip}: tokens differ with the checkpoint's preprocessor"
+        );
+    }
+
+    let wrong = OnnxOptions {
+        durations: Some(vec![0, 1, 2]),
+        ..options()
+    };
+    match OnnxModel::load(&model_dir.join("onnx"), &wrong) {
+        Err(ModelError::InvalidConfig { key, .. }) => ensure!(key == "durations"),
+        other => bail!("3 durations for a 5-duration joint: {other:?}"),
+    }
+    Ok(())
+}
