@@ -4,8 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
-/// STFT centre padding. NeMo < 2.4 pads with `reflect` and counts `len / hop + 1` frames;
-/// NeMo >= 2.4 (commit 0fd4de5) pads with zeros, counts `len / hop` frames and zeroes the
+/// STFT centre padding. NeMo < 2.5 pads with `reflect` and counts `len / hop + 1` frames;
+/// NeMo >= 2.5 (commit 0fd4de5; the 2.4.x wheels still reflect) pads with zeros, counts `len / hop` frames and zeroes the
 /// signal past its length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
