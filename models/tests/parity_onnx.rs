@@ -37,6 +37,7 @@ fn runtime_configured(test: &str) -> bool {
 
 fn fixtures_root() -> PathBuf {
     std::env::var_os("ONNX_PARITY_FIXTURES")
+        .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"))
 }

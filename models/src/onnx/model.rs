@@ -231,6 +231,7 @@ impl OnnxModel {
             Frontend::Native { config, .. } => {
                 config.hop_length_samples as f64 / config.sample_rate_hz as f64
             }
+            // onnx-asr's nemo128.onnx uses NeMo's 10 ms hop.
             Frontend::Graph(_) => 0.01,
         } * subsampling as f64;
 
@@ -341,4 +342,15 @@ fn durations_from_metadata(
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_model_can_move_to_its_engine_thread() {
+        fn send_and_sync<T: Send + Sync>() {}
+        send_and_sync::<OnnxModel>();
+    }
 }

@@ -428,7 +428,10 @@ impl TransducerNet for OnnxTransducer {
         match &mut self.graphs {
             Graphs::DecoderJoint(g) => {
                 // The next state does not depend on the encoder frame: feed zeros.
-                let enc_dim = self.enc_dim.unwrap_or(1);
+                let enc_dim = self.enc_dim.ok_or_else(|| {
+                    g.session
+                        .error("the encoder frame input has a dynamic width")
+                })?;
                 let zeros = vec![0.0; batch * enc_dim];
                 let (_, next) = g.run(labels, &zeros, enc_dim, state)?;
                 let mut pred = Vec::with_capacity(batch * packed_len);
@@ -497,18 +500,19 @@ impl TransducerNet for OnnxTransducer {
                 let mut logits = Vec::new();
                 for rows in row_chunks(batch, g.joiner_batchable) {
                     let n = rows.len();
-                    let mut inputs = vec![
-                        Input::F32(vec![n, enc_dim, 1], Vec::new()),
-                        Input::F32(vec![n, pred_dim, 1], Vec::new()),
-                    ];
-                    inputs[g.joiner_encoder] = Input::F32(
+                    let enc = Input::F32(
                         vec![n, enc_dim, 1],
                         enc_frames[rows.start * enc_dim..rows.end * enc_dim].to_vec(),
                     );
-                    inputs[g.joiner_decoder] = Input::F32(
+                    let dec = Input::F32(
                         vec![n, pred_dim, 1],
                         pred[rows.start * pred_dim..rows.end * pred_dim].to_vec(),
                     );
+                    let inputs = if g.joiner_encoder < g.joiner_decoder {
+                        vec![enc, dec]
+                    } else {
+                        vec![dec, enc]
+                    };
                     let outputs = g.joiner.run(inputs)?;
                     let main = outputs
                         .iter()
