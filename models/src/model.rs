@@ -84,3 +84,14 @@ impl ParakeetModel {
         self.decode(&encoded)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::ParakeetModel;
+
+    #[test]
+    fn model_can_be_shared_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<ParakeetModel>();
+    }
+}
