@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context, Result};
+use models::config::StftPadding;
 use models::detokenize::Detokenizer;
 use models::onnx::{
     find_dylib, ExecutionProvider, LayoutKind, OnnxModel, OnnxOptions, ORT_DYLIB_PATH,
@@ -488,6 +489,30 @@ fn settings_come_from_the_checkpoint_and_options() -> Result<()> {
             "{clip}: tokens differ with the checkpoint's preprocessor"
         );
     }
+
+    // Reflect padding (NeMo < 2.5) on request, checked against NeMo 2.3's own features.
+    let reflect = OnnxOptions {
+        stft_padding: Some(StftPadding::Reflect),
+        ..options()
+    };
+    let mut model = OnnxModel::load(&model_dir.join("onnx"), &reflect)?;
+    let clip = "espeak_us";
+    let feats = model.features(&wav(clip)?)?;
+    let (shape, reference) = reference_tensor(&model_dir, &format!("features_reflect/{clip}"))?;
+    ensure!(
+        shape == [feats.n_mels, feats.n_frames],
+        "reflect features {shape:?}"
+    );
+    let (err, norm) = feats
+        .data
+        .iter()
+        .zip(&reference)
+        .fold((0.0f64, 0.0f64), |(e, n), (x, r)| {
+            let (x, r) = (f64::from(*x), f64::from(*r));
+            (e + (x - r) * (x - r), n + r * r)
+        });
+    let rel = (err / norm).sqrt();
+    ensure!(rel <= MAX_REL_L2, "reflect features relative L2 {rel:.3e}");
 
     let wrong = OnnxOptions {
         durations: Some(vec![0, 1, 2]),

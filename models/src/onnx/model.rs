@@ -13,7 +13,7 @@ use super::settings::{self, OnnxAsrConfig};
 use super::state::StateShape;
 use super::transducer::OnnxTransducer;
 use super::vocab::read_vocabulary;
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, LoadOptions};
 use crate::config::{DecoderConfig, FeatureConfig};
 use crate::error::ModelError;
 use crate::features::{FeatureExtractor, Features};
@@ -60,7 +60,8 @@ impl OnnxModel {
     /// - `max_symbols`: the checkpoint, else onnx-asr `max_tokens_per_step`, else 10;
     /// - features: the checkpoint's preprocessor (with its stored filterbank and window), else
     ///   NeMo's default Parakeet preprocessor with the encoder's mel count and sherpa's
-    ///   `normalize_type`; with [`FeatureSource::Auto`] onnx-asr's `nemo128.onnx` if present.
+    ///   `normalize_type`, STFT padding from [`OnnxOptions::stft_padding`] (zeros by default);
+    ///   with [`FeatureSource::Auto`] onnx-asr's `nemo128.onnx` if present.
     pub fn load(dir: &Path, opts: &OnnxOptions) -> Result<Self, ModelError> {
         let layout = Layout::detect(dir, opts.prefer_int8)?;
         tracing::debug!(layout = %layout.describe(), "loading ONNX export");
@@ -71,7 +72,12 @@ impl OnnxModel {
             .as_deref()
             .or(layout.nemo_checkpoint.as_deref())
         {
-            Some(path) => Some(Checkpoint::load(path)?),
+            Some(path) => Some(Checkpoint::load_with(
+                path,
+                &LoadOptions {
+                    stft_padding: opts.stft_padding,
+                },
+            )?),
             None => None,
         };
         let onnx_asr = match &layout.config_json {
@@ -208,10 +214,13 @@ impl OnnxModel {
             let extractor = FeatureExtractor::new(&config, fb, window)?;
             Ok(Frontend::Native { config, extractor })
         };
-        let derived = checkpoint
+        let mut derived = checkpoint
             .as_ref()
             .map(|c| c.config.features.clone())
             .unwrap_or_else(|| settings::default_feature_config(n_mels, normalization));
+        if let Some(padding) = opts.stft_padding {
+            derived.stft_padding = padding;
+        }
         let frontend = match (&opts.features, &layout.preprocessor) {
             (FeatureSource::NativeWith(cfg), _) => native(cfg.clone())?,
             (FeatureSource::Native, _) | (FeatureSource::Auto, None) => native(derived)?,

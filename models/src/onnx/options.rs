@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::FeatureConfig;
+use crate::config::{FeatureConfig, StftPadding};
 
 /// Where ONNX Runtime runs the graphs. GPU providers fail hard when they cannot be registered
 /// (missing CUDA libraries, CPU-only wheel): a silent CPU fallback would hide a broken deployment.
@@ -54,6 +54,10 @@ pub struct OnnxOptions {
     /// durations and `max_symbols` then take precedence over the defaults (not over the
     /// explicit options here). Loading it reads the whole checkpoint.
     pub nemo_checkpoint: Option<PathBuf>,
+    /// STFT centre padding of the Rust extractor. `None`: the checkpoint's (decided by its
+    /// `nemo_version`), else zeros, which is what NeMo >= 2.5 applies to every model; exports
+    /// of models trained before NeMo 2.5 (Parakeet TDT 0.6B v2) saw reflect padding in training.
+    pub stft_padding: Option<StftPadding>,
     /// TDT durations; `None`: from the graph metadata (`tdt_durations`) or `0..n_durations`.
     pub durations: Option<Vec<usize>>,
     /// Labels per frame before the decoder is forced on; `None`: `config.json`'s
