@@ -1,0 +1,1 @@
+//! Worker fleet (in progress).

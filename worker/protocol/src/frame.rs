@@ -1,0 +1,98 @@
+//! Length-prefixed frames: `u32` big-endian body length, then the postcard body.
+
+use std::io::{ErrorKind, Read, Write};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::ProtocolError;
+
+/// Largest body accepted or sent: 64 MiB holds ~17 minutes of 16 kHz f32 PCM, far above any
+/// segment the dispatcher cuts, and bounds what a lying length can make us allocate.
+pub const MAX_FRAME_BYTES: u32 = 64 << 20;
+
+/// The frame (length prefix + body) of one message.
+pub fn encode_frame<T: Serialize>(message: &T) -> Result<Vec<u8>, ProtocolError> {
+    // Body written after a placeholder prefix, so the frame is built in one buffer.
+    let mut out = postcard::to_extend(message, vec![0u8; 4]).map_err(ProtocolError::Encode)?;
+    let len = out.len() - 4;
+    let len_u32 = u32::try_from(len)
+        .ok()
+        .filter(|&l| l <= MAX_FRAME_BYTES)
+        .ok_or(ProtocolError::FrameTooLarge {
+            len: len as u64,
+            max: MAX_FRAME_BYTES,
+        })?;
+    out[..4].copy_from_slice(&len_u32.to_be_bytes());
+    Ok(out)
+}
+
+/// Decodes one frame body; trailing bytes are an error (a body is exactly one message).
+pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ProtocolError> {
+    let decode_err = |source| ProtocolError::Decode {
+        len: body.len(),
+        source,
+    };
+    let (message, rest) = postcard::take_from_bytes(body).map_err(decode_err)?;
+    if !rest.is_empty() {
+        return Err(decode_err(postcard::Error::DeserializeBadEncoding));
+    }
+    Ok(message)
+}
+
+fn checked_len(prefix: [u8; 4]) -> Result<usize, ProtocolError> {
+    let len = u32::from_be_bytes(prefix);
+    if len > MAX_FRAME_BYTES {
+        return Err(ProtocolError::FrameTooLarge {
+            len: u64::from(len),
+            max: MAX_FRAME_BYTES,
+        });
+    }
+    Ok(len as usize)
+}
+
+fn eof_as_closed(e: std::io::Error) -> ProtocolError {
+    if e.kind() == ErrorKind::UnexpectedEof {
+        ProtocolError::Closed
+    } else {
+        ProtocolError::Io(e)
+    }
+}
+
+/// Reads one message; [`ProtocolError::Closed`] on a clean end of stream.
+pub fn read_frame<T: DeserializeOwned>(reader: &mut impl Read) -> Result<T, ProtocolError> {
+    let mut prefix = [0u8; 4];
+    reader.read_exact(&mut prefix).map_err(eof_as_closed)?;
+    let mut body = vec![0u8; checked_len(prefix)?];
+    reader.read_exact(&mut body).map_err(eof_as_closed)?;
+    decode_body(&body)
+}
+
+pub fn write_frame<T: Serialize>(writer: &mut impl Write, message: &T) -> Result<(), ProtocolError> {
+    writer.write_all(&encode_frame(message)?)?;
+    writer.flush()?;
+    Ok(())
+}
+
+#[cfg(feature = "tokio")]
+pub async fn read_frame_async<T: DeserializeOwned>(
+    reader: &mut (impl tokio::io::AsyncRead + Unpin),
+) -> Result<T, ProtocolError> {
+    use tokio::io::AsyncReadExt;
+    let mut prefix = [0u8; 4];
+    reader.read_exact(&mut prefix).await.map_err(eof_as_closed)?;
+    let mut body = vec![0u8; checked_len(prefix)?];
+    reader.read_exact(&mut body).await.map_err(eof_as_closed)?;
+    decode_body(&body)
+}
+
+#[cfg(feature = "tokio")]
+pub async fn write_frame_async<T: Serialize>(
+    writer: &mut (impl tokio::io::AsyncWrite + Unpin),
+    message: &T,
+) -> Result<(), ProtocolError> {
+    use tokio::io::AsyncWriteExt;
+    writer.write_all(&encode_frame(message)?).await?;
+    writer.flush().await?;
+    Ok(())
+}

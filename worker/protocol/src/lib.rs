@@ -1,0 +1,27 @@
+//! The wire protocol between a `worker` process and its clients (the fleet supervisor, tests,
+//! operators): frames of `u32` big-endian length + postcard body over a Unix socket.
+//!
+//! A connection starts with [`ClientMessage::Hello`] carrying [`PROTOCOL_VERSION`]; the worker
+//! answers [`WorkerMessage::Hello`] (or a typed error, then closes). After that the client sends
+//! transcription requests, cancels and health pings in any order and the worker answers each
+//! request exactly once, in completion order, keyed by the client's request id.
+//!
+//! Decoding never trusts the peer: a length above the frame limit is refused before anything is
+//! allocated, and a body that does not decode is a [`ProtocolError`], never a panic.
+
+mod error;
+mod frame;
+mod messages;
+
+pub use error::ProtocolError;
+pub use frame::{decode_body, encode_frame, read_frame, write_frame, MAX_FRAME_BYTES};
+#[cfg(feature = "tokio")]
+pub use frame::{read_frame_async, write_frame_async};
+pub use messages::{
+    Audio, ClientMessage, HealthReport, ModelInfo, RequestId, Timings, TranscribeRequest,
+    TranscribeResponse, WireError, WireErrorKind, WorkerInfo, WorkerMessage, WorkerState,
+    PROTOCOL_VERSION,
+};
+
+#[cfg(test)]
+mod tests;

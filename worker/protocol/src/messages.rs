@@ -1,0 +1,136 @@
+//! Every message on the wire. Adding a variant or field changes the encoding: bump
+//! [`PROTOCOL_VERSION`] with it (postcard is not self-describing, so there is no silent skew).
+
+use models::transcript::Hypothesis;
+use serde::{Deserialize, Serialize};
+
+/// Version 1: PCM requests, hypotheses with optional confidences, health pings.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// Chosen by the client, unique per connection; the worker echoes it.
+pub type RequestId = u64;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ClientMessage {
+    Hello { version: u16, client: String },
+    Transcribe(TranscribeRequest),
+    /// Drop the request if not yet started; an answer (result or `Cancelled`) still follows.
+    Cancel { id: RequestId },
+    Health { nonce: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TranscribeRequest {
+    pub id: RequestId,
+    pub audio: Audio,
+    /// Give up (answering `DeadlineExceeded`) if not started within this many ms of arrival.
+    pub deadline_ms: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Audio {
+    /// Mono PCM at 16 kHz, nominally in [-1, 1]. (Precomputed features: a later version.)
+    Pcm16k(Vec<f32>),
+}
+
+impl Audio {
+    pub fn num_samples(&self) -> usize {
+        match self {
+            Self::Pcm16k(pcm) => pcm.len(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum WorkerMessage {
+    Hello { version: u16, worker: WorkerInfo },
+    Result(TranscribeResponse),
+    /// `id` is `None` for connection-level errors (bad handshake, undecodable frame).
+    Error {
+        id: Option<RequestId>,
+        error: WireError,
+    },
+    Health(HealthReport),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    /// `cpu`, `onnx`, `cuda`.
+    pub engine: String,
+    pub pid: u32,
+    pub model: ModelInfo,
+}
+
+/// What a client needs to turn hypotheses into timed text without loading the weights.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    /// The model's file path as the worker was given it.
+    pub path: String,
+    /// SentencePiece pieces by id (blank excluded).
+    pub vocabulary: Vec<String>,
+    /// `models::config::ParakeetConfig` as JSON (its serde attributes need a self-describing
+    /// format).
+    pub config_json: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TranscribeResponse {
+    pub id: RequestId,
+    pub hypothesis: Hypothesis,
+    /// Per-token confidence in [0, 1], when the engine computes it.
+    pub confidences: Option<Vec<f32>>,
+    pub timings: Timings,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Timings {
+    /// Arrival to the start of its batch.
+    pub queue_us: u64,
+    /// Engine time of the whole batch.
+    pub batch_us: u64,
+    pub batch_size: u32,
+    /// Longest member's feature frames × batch size.
+    pub padded_frames: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WireErrorKind {
+    VersionMismatch,
+    /// The message was understood but its content is unusable (e.g. empty audio).
+    BadRequest,
+    /// The queue is full: retry elsewhere or later.
+    Overloaded,
+    DeadlineExceeded,
+    Cancelled,
+    /// The engine failed on this batch; retrying on the same worker may fail again.
+    Inference,
+    ShuttingDown,
+    /// The frame could not be decoded; the worker closes the connection after this.
+    Malformed,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WireError {
+    pub kind: WireErrorKind,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WorkerState {
+    Ready,
+    /// The engine has been running one batch for longer than the worker's own limit, or it
+    /// reported an unrecoverable device error: restart this worker (and its GPU group).
+    Wedged,
+    ShuttingDown,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct HealthReport {
+    pub nonce: u64,
+    pub state: WorkerState,
+    /// Requests waiting for a batch.
+    pub queue_depth: u32,
+    /// Milliseconds the engine has spent on its current batch (0 when idle).
+    pub engine_busy_ms: u64,
+    pub batches_done: u64,
+}

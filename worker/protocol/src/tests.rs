@@ -1,0 +1,125 @@
+use std::io::Cursor;
+
+use models::transcript::{DecodedToken, Hypothesis};
+
+use crate::*;
+
+fn request() -> ClientMessage {
+    ClientMessage::Transcribe(TranscribeRequest {
+        id: 42,
+        audio: Audio::Pcm16k(vec![0.0, -1.0, 0.5, f32::MIN_POSITIVE]),
+        deadline_ms: Some(250),
+    })
+}
+
+fn response() -> WorkerMessage {
+    WorkerMessage::Result(TranscribeResponse {
+        id: 42,
+        hypothesis: Hypothesis {
+            tokens: vec![DecodedToken {
+                id: 7,
+                frame: 3,
+                duration: 2,
+            }],
+        },
+        confidences: Some(vec![0.9]),
+        timings: Timings {
+            queue_us: 1,
+            batch_us: 2,
+            batch_size: 4,
+            padded_frames: 1200,
+        },
+    })
+}
+
+#[test]
+fn messages_round_trip_through_frames() {
+    let mut wire = Vec::new();
+    write_frame(&mut wire, &request()).unwrap();
+    write_frame(&mut wire, &ClientMessage::Cancel { id: 42 }).unwrap();
+    write_frame(&mut wire, &response()).unwrap();
+    let mut r = Cursor::new(wire);
+    assert_eq!(read_frame::<ClientMessage>(&mut r).unwrap(), request());
+    assert_eq!(
+        read_frame::<ClientMessage>(&mut r).unwrap(),
+        ClientMessage::Cancel { id: 42 }
+    );
+    assert_eq!(read_frame::<WorkerMessage>(&mut r).unwrap(), response());
+    assert!(matches!(
+        read_frame::<WorkerMessage>(&mut r),
+        Err(ProtocolError::Closed)
+    ));
+}
+
+#[test]
+fn lying_length_is_refused_before_allocating() {
+    let wire = u32::MAX.to_be_bytes().to_vec();
+    let err = read_frame::<ClientMessage>(&mut Cursor::new(wire)).unwrap_err();
+    assert!(matches!(err, ProtocolError::FrameTooLarge { .. }), "{err}");
+}
+
+#[test]
+fn truncated_body_is_closed_not_panic() {
+    let mut frame = encode_frame(&request()).unwrap();
+    frame.truncate(frame.len() - 3);
+    let err = read_frame::<ClientMessage>(&mut Cursor::new(frame)).unwrap_err();
+    assert!(matches!(err, ProtocolError::Closed), "{err}");
+}
+
+#[test]
+fn trailing_bytes_are_an_error() {
+    let mut body = encode_frame(&ClientMessage::Health { nonce: 1 }).unwrap()[4..].to_vec();
+    body.push(0);
+    assert!(matches!(
+        decode_body::<ClientMessage>(&body),
+        Err(ProtocolError::Decode { .. })
+    ));
+}
+
+/// Deterministic pseudo-random garbage (xorshift): every body either decodes or gives a typed
+/// error; none panics. A claimed vector length larger than the body is an error, not an
+/// allocation of that size.
+#[test]
+fn garbage_bodies_give_typed_errors() {
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let mut errors = 0;
+    for _ in 0..20_000 {
+        let len = (next() % 64) as usize;
+        let body: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+        if decode_body::<ClientMessage>(&body).is_err() {
+            errors += 1;
+        }
+        let _ = decode_body::<WorkerMessage>(&body);
+    }
+    assert!(errors > 10_000, "garbage mostly fails to decode ({errors})");
+    // Transcribe with a claimed 2^62 samples and a 3-byte payload.
+    let body = [1u8, 5, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 1, 2, 3];
+    assert!(decode_body::<ClientMessage>(&body).is_err());
+}
+
+#[test]
+fn mutated_valid_frames_never_panic() {
+    let frame = encode_frame(&response()).unwrap();
+    for i in 4..frame.len() {
+        for flip in [0x01u8, 0x80, 0xff] {
+            let mut body = frame[4..].to_vec();
+            body[i - 4] ^= flip;
+            let _ = decode_body::<WorkerMessage>(&body);
+        }
+    }
+}
+
+#[cfg(feature = "tokio")]
+#[tokio::test]
+async fn async_framing_matches_sync() {
+    let (mut a, mut b) = tokio::net::UnixStream::pair().unwrap();
+    write_frame_async(&mut a, &request()).await.unwrap();
+    let got: ClientMessage = read_frame_async(&mut b).await.unwrap();
+    assert_eq!(got, request());
+}
