@@ -368,3 +368,30 @@ fn reflect_padding_features_match_nemo_2_3() -> Result<()> {
     ensure!(failures.is_empty(), "reflect features differ: {failures:?}");
     Ok(())
 }
+
+/// Without a stored filterbank and window, the computed ones (librosa's slaney mel, torch's
+/// symmetric Hann) give the same features as the ones NeMo stored in the checkpoint.
+#[test]
+fn computed_filterbank_and_window_match_the_stored_ones() -> Result<()> {
+    let checkpoint = Checkpoint::load(&fixtures().join("tdt-real-options").join("model.nemo"))?;
+    let cfg = &checkpoint.config.features;
+    let fb = checkpoint.tensors.get(
+        "preprocessor.featurizer.fb",
+        &[1, cfg.n_mels, cfg.n_fft / 2 + 1],
+    )?;
+    let window = checkpoint
+        .tensors
+        .get("preprocessor.featurizer.window", &[cfg.win_length_samples])?;
+    let stored = models::FeatureExtractor::new(cfg, Some(fb), Some(window))?;
+    let computed = models::FeatureExtractor::new(cfg, None, None)?;
+    for clip in ["espeak_us", "noise"] {
+        let pcm = read_wav(&fixtures().join("clips").join(format!("{clip}.wav")))?;
+        let err = rel_l2(&computed.compute(&pcm).data, &stored.compute(&pcm).data);
+        println!("{clip}: computed vs stored filterbank and window, rel L2 {err:.2e}");
+        ensure!(
+            err <= 1e-5,
+            "{clip}: computed filterbank/window differ ({err:.2e})"
+        );
+    }
+    Ok(())
+}
