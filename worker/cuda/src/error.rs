@@ -48,6 +48,10 @@ pub enum CudaEngineError {
     /// Buffers or sizes handed to an operation do not fit together; nothing was launched.
     #[error("{op}: {detail}")]
     Shape { op: &'static str, detail: String },
+
+    /// The checkpoint's tensors or config do not fit the encoder (names the file and tensor).
+    #[error("loading encoder weights: {0}")]
+    Model(#[from] models::ModelError),
 }
 
 pub type Result<T, E = CudaEngineError> = std::result::Result<T, E>;

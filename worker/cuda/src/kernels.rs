@@ -12,15 +12,21 @@ pub(crate) enum KernelModule {
     LayerNorm,
     Softmax,
     DepthwiseConv,
+    Subsampling,
+    ResidualNorm,
+    Attention,
 }
 
 impl KernelModule {
-    pub(crate) const ALL: [KernelModule; 5] = [
+    pub(crate) const ALL: [KernelModule; 8] = [
         KernelModule::Convert,
         KernelModule::Activation,
         KernelModule::LayerNorm,
         KernelModule::Softmax,
         KernelModule::DepthwiseConv,
+        KernelModule::Subsampling,
+        KernelModule::ResidualNorm,
+        KernelModule::Attention,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -30,6 +36,9 @@ impl KernelModule {
             KernelModule::LayerNorm => "layer_norm",
             KernelModule::Softmax => "softmax",
             KernelModule::DepthwiseConv => "depthwise_conv",
+            KernelModule::Subsampling => "subsampling",
+            KernelModule::ResidualNorm => "residual_norm",
+            KernelModule::Attention => "attention",
         }
     }
 
@@ -40,6 +49,9 @@ impl KernelModule {
             KernelModule::LayerNorm => include_str!("../kernels/layer_norm.cu"),
             KernelModule::Softmax => include_str!("../kernels/softmax.cu"),
             KernelModule::DepthwiseConv => include_str!("../kernels/depthwise_conv.cu"),
+            KernelModule::Subsampling => include_str!("../kernels/subsampling.cu"),
+            KernelModule::ResidualNorm => include_str!("../kernels/residual_norm.cu"),
+            KernelModule::Attention => include_str!("../kernels/attention.cu"),
         }
     }
 
@@ -60,10 +72,20 @@ pub(crate) enum Kernel {
     AddLayerNorm,
     MaskedSoftmax,
     DepthwiseConv1d,
+    SubsampleConv0Relu,
+    SubsampleDepthwise,
+    ReluInplace,
+    LayerNormF32,
+    AddLayerNormF32,
+    AddLayerNormF32Inplace,
+    SplitQkvHeads,
+    SplitPosHeads,
+    RelPosSoftmax,
+    MergeHeads,
 }
 
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 8] = [
+    pub(crate) const ALL: [Kernel; 18] = [
         Kernel::F32ToBf16,
         Kernel::Bf16ToF32,
         Kernel::Silu,
@@ -72,6 +94,16 @@ impl Kernel {
         Kernel::AddLayerNorm,
         Kernel::MaskedSoftmax,
         Kernel::DepthwiseConv1d,
+        Kernel::SubsampleConv0Relu,
+        Kernel::SubsampleDepthwise,
+        Kernel::ReluInplace,
+        Kernel::LayerNormF32,
+        Kernel::AddLayerNormF32,
+        Kernel::AddLayerNormF32Inplace,
+        Kernel::SplitQkvHeads,
+        Kernel::SplitPosHeads,
+        Kernel::RelPosSoftmax,
+        Kernel::MergeHeads,
     ];
 
     /// The symbol in the compiled module.
@@ -85,6 +117,16 @@ impl Kernel {
             Kernel::AddLayerNorm => "add_layer_norm_bf16",
             Kernel::MaskedSoftmax => "masked_softmax_f32_bf16",
             Kernel::DepthwiseConv1d => "depthwise_conv1d_bf16",
+            Kernel::SubsampleConv0Relu => "subsample_conv0_relu",
+            Kernel::SubsampleDepthwise => "subsample_depthwise",
+            Kernel::ReluInplace => "relu_bf16_inplace",
+            Kernel::LayerNormF32 => "layer_norm_f32_bf16",
+            Kernel::AddLayerNormF32 => "add_layer_norm_f32_bf16",
+            Kernel::AddLayerNormF32Inplace => "add_layer_norm_f32_inplace",
+            Kernel::SplitQkvHeads => "split_qkv_heads",
+            Kernel::SplitPosHeads => "split_pos_heads",
+            Kernel::RelPosSoftmax => "rel_pos_softmax",
+            Kernel::MergeHeads => "merge_heads",
         }
     }
 
@@ -95,6 +137,16 @@ impl Kernel {
             Kernel::LayerNorm | Kernel::AddLayerNorm => KernelModule::LayerNorm,
             Kernel::MaskedSoftmax => KernelModule::Softmax,
             Kernel::DepthwiseConv1d => KernelModule::DepthwiseConv,
+            Kernel::SubsampleConv0Relu | Kernel::SubsampleDepthwise | Kernel::ReluInplace => {
+                KernelModule::Subsampling
+            }
+            Kernel::LayerNormF32 | Kernel::AddLayerNormF32 | Kernel::AddLayerNormF32Inplace => {
+                KernelModule::ResidualNorm
+            }
+            Kernel::SplitQkvHeads
+            | Kernel::SplitPosHeads
+            | Kernel::RelPosSoftmax
+            | Kernel::MergeHeads => KernelModule::Attention,
         }
     }
 }

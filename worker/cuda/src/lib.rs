@@ -11,6 +11,7 @@
 #![allow(unsafe_code)]
 
 mod device;
+mod encoder;
 mod error;
 mod fold;
 mod kernels;
@@ -19,8 +20,12 @@ mod ops;
 
 pub use cudarc::driver::CudaSlice;
 pub use device::{check_cuda_libraries, CudaEngine};
+pub use encoder::{EncoderInput, EncoderOutput, GpuEncoder};
 pub use error::{CudaEngineError, Result};
 pub use fold::{fold_batch_norm, BatchNorm, FoldedDepthwise};
 pub use half::bf16;
 pub use matmul::{BLayout, MatmulOutput, MatmulSpec};
-pub use ops::{AttentionShape, DepthwiseShape, LayerNormWeights, Residual, RowShape};
+pub use ops::{
+    stride2_out_len, AttentionShape, Conv2dShape, DepthwiseShape, HeadShape, LayerNormWeights,
+    QkvHeads, Residual, ResidualF32, RowShape,
+};

@@ -1,14 +1,20 @@
 //! Typed, shape-checked wrappers over the NVRTC kernels, one file per kernel family.
 
 mod activation;
+mod attention;
 mod convert;
 mod depthwise_conv;
 mod layer_norm;
+mod residual_norm;
 mod softmax;
+mod subsampling;
 
+pub use attention::{HeadShape, QkvHeads};
 pub use depthwise_conv::DepthwiseShape;
 pub use layer_norm::{LayerNormWeights, Residual, RowShape};
+pub use residual_norm::ResidualF32;
 pub use softmax::AttentionShape;
+pub use subsampling::{stride2_out_len, Conv2dShape};
 
 use crate::error::{CudaEngineError, Result};
 

@@ -1,0 +1,172 @@
+//! The dw_striding subsampling convolutions (3x3, stride 2, padding 1), channels-last.
+
+use cudarc::driver::{CudaSlice, PushKernelArg};
+use half::bf16;
+
+use super::{check_len, to_i32, to_i64};
+use crate::device::{elementwise_config, CudaEngine};
+use crate::error::{CudaEngineError, Result};
+use crate::kernels::Kernel;
+
+/// Output length of one `kernel 3, stride 2, padding 1` convolution.
+pub fn stride2_out_len(n: usize) -> usize {
+    if n == 0 {
+        0
+    } else {
+        (n - 1) / 2 + 1
+    }
+}
+
+/// One stride-2 3x3 convolution: input `[batch, time, freq(, channels)]`, output
+/// `[batch, stride2_out_len(time), stride2_out_len(freq), channels]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv2dShape {
+    pub batch: usize,
+    pub time: usize,
+    pub freq: usize,
+    pub channels: usize,
+}
+
+impl Conv2dShape {
+    pub fn out_time(&self) -> usize {
+        stride2_out_len(self.time)
+    }
+
+    pub fn out_freq(&self) -> usize {
+        stride2_out_len(self.freq)
+    }
+
+    pub fn out_elements(&self) -> usize {
+        self.batch * self.out_time() * self.out_freq() * self.channels
+    }
+
+    fn kernel_args(&self, op: &'static str) -> Result<[i32; 6]> {
+        if [self.batch, self.time, self.freq, self.channels].contains(&0) {
+            return Err(CudaEngineError::Shape {
+                op,
+                detail: format!("{self:?}: every dimension must be at least 1"),
+            });
+        }
+        Ok([
+            to_i32(op, "batch", self.batch)?,
+            to_i32(op, "time", self.time)?,
+            to_i32(op, "freq", self.freq)?,
+            to_i32(op, "channels", self.channels)?,
+            to_i32(op, "out_time", self.out_time())?,
+            to_i32(op, "out_freq", self.out_freq())?,
+        ])
+    }
+}
+
+impl CudaEngine {
+    /// First subsampling convolution (one input channel) with ReLU. `x` is `[batch, time, freq]`
+    /// f32; frames `t >= lengths[b]` read as zero. `weight` is `[channels, 3*3]`, `bias`
+    /// `[channels]`; `y` is `[batch, out_time, out_freq, channels]`.
+    pub fn subsample_conv0_relu(
+        &self,
+        x: &CudaSlice<f32>,
+        lengths: &CudaSlice<i32>,
+        weight: &CudaSlice<f32>,
+        bias: &CudaSlice<f32>,
+        shape: Conv2dShape,
+        y: &mut CudaSlice<bf16>,
+    ) -> Result<()> {
+        const OP: &str = "subsample_conv0_relu";
+        let dims = shape.kernel_args(OP)?;
+        check_len(OP, "x", x.len(), shape.batch * shape.time * shape.freq)?;
+        check_conv_params(OP, lengths, weight, bias, shape)?;
+        let n = shape.out_elements();
+        check_len(OP, "y", y.len(), n)?;
+        // SAFETY: signature (const float* x, const int* lengths, const float* weight,
+        // const float* bias, int batch, int time, int freq, int channels, int out_time,
+        // int out_freq, bf16_t* y); every buffer was checked against these dimensions above.
+        unsafe {
+            self.launch(
+                Kernel::SubsampleConv0Relu,
+                elementwise_config(n),
+                || format!("{shape:?}"),
+                |args| {
+                    args.arg(x).arg(lengths).arg(weight).arg(bias);
+                    for d in &dims {
+                        args.arg(d);
+                    }
+                    args.arg(y);
+                },
+            )
+        }
+    }
+
+    /// Depthwise 3x3 stride-2 convolution of every channel (no activation). `x` is
+    /// `[batch, time, freq, channels]`; frames `t >= lengths[b]` read as zero.
+    pub fn subsample_depthwise(
+        &self,
+        x: &CudaSlice<bf16>,
+        lengths: &CudaSlice<i32>,
+        weight: &CudaSlice<f32>,
+        bias: &CudaSlice<f32>,
+        shape: Conv2dShape,
+        y: &mut CudaSlice<bf16>,
+    ) -> Result<()> {
+        const OP: &str = "subsample_depthwise";
+        let dims = shape.kernel_args(OP)?;
+        check_len(
+            OP,
+            "x",
+            x.len(),
+            shape.batch * shape.time * shape.freq * shape.channels,
+        )?;
+        check_conv_params(OP, lengths, weight, bias, shape)?;
+        let n = shape.out_elements();
+        check_len(OP, "y", y.len(), n)?;
+        // SAFETY: signature (const bf16_t* x, const int* lengths, const float* weight,
+        // const float* bias, int batch, int time, int freq, int channels, int out_time,
+        // int out_freq, bf16_t* y); every buffer was checked against these dimensions above.
+        unsafe {
+            self.launch(
+                Kernel::SubsampleDepthwise,
+                elementwise_config(n),
+                || format!("{shape:?}"),
+                |args| {
+                    args.arg(x).arg(lengths).arg(weight).arg(bias);
+                    for d in &dims {
+                        args.arg(d);
+                    }
+                    args.arg(y);
+                },
+            )
+        }
+    }
+
+    /// `x = max(x, 0)` over the first `n` elements, in place.
+    pub fn relu_inplace(&self, x: &mut CudaSlice<bf16>, n: usize) -> Result<()> {
+        const OP: &str = "relu_inplace";
+        check_len(OP, "x", x.len(), n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let count = to_i64(OP, "n", n)?;
+        // SAFETY: signature (bf16_t* x, long long n); x holds at least n elements.
+        unsafe {
+            self.launch(
+                Kernel::ReluInplace,
+                elementwise_config(n),
+                || format!("n={n}"),
+                |args| {
+                    args.arg(x).arg(&count);
+                },
+            )
+        }
+    }
+}
+
+fn check_conv_params(
+    op: &'static str,
+    lengths: &CudaSlice<i32>,
+    weight: &CudaSlice<f32>,
+    bias: &CudaSlice<f32>,
+    shape: Conv2dShape,
+) -> Result<()> {
+    check_len(op, "lengths", lengths.len(), shape.batch)?;
+    check_len(op, "weight", weight.len(), shape.channels * 9)?;
+    check_len(op, "bias", bias.len(), shape.channels)
+}
