@@ -1,5 +1,113 @@
-//! `worker`: serves one model instance (built in the worker-fleet issue).
+//! `worker serve`: load, warm up, then serve the socket. `worker probe`: what can run here.
 
-fn main() -> anyhow::Result<()> {
-    anyhow::bail!("the worker process is not built yet: see the worker-fleet issue")
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use tokio::net::UnixListener;
+use worker::batch_policy::BatchQueue;
+use worker::batcher::{Batcher, QueueStats};
+use worker::config::{Cli, Command, ServeArgs};
+use worker::server::{accept_loop, ServerContext};
+use worker::{engine, engine_thread};
+use worker_protocol::WorkerInfo;
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Serve(args) => serve(args),
+        Command::Probe => {
+            probe();
+            Ok(())
+        }
+    }
+}
+
+fn probe() {
+    println!("engine cpu: available (models crate f32 reference)");
+    println!("engine onnx: not wired into the worker in this build");
+    println!(
+        "engine cuda: not available: CUDA probing (context, kernel, SM count, MPS thread \
+         percentage) is not implemented in this build"
+    );
+}
+
+/// One second of a quiet tone: exercises features, encoder and decoder before ready.
+fn warmup_clip() -> Vec<f32> {
+    (0..16_000)
+        .map(|i| 0.05 * (i as f32 * 440.0 * std::f32::consts::TAU / 16_000.0).sin())
+        .collect()
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    let policy = args.batch_policy()?;
+    let started = Instant::now();
+    let mut engine = engine::load(args.engine, &args.model)
+        .with_context(|| format!("starting the {} engine", args.engine.name()))?;
+    let loaded = started.elapsed();
+    let clip = warmup_clip();
+    engine.transcribe(&[&clip]).context("warm-up")?;
+    tracing::info!(
+        engine = engine.name(),
+        load_s = loaded.as_secs_f64(),
+        warm_s = (started.elapsed() - loaded).as_secs_f64(),
+        "engine ready"
+    );
+
+    let info = WorkerInfo {
+        engine: engine.name().into(),
+        pid: std::process::id(),
+        model: engine.model_info(),
+    };
+    let hop_samples = engine.hop_samples();
+    let (engine_tx, engine_status) = engine_thread::spawn(engine).context("engine thread")?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    runtime.block_on(async move {
+        let stats = Arc::new(QueueStats::default());
+        let (batcher_tx, batcher_rx) = tokio::sync::mpsc::channel(1024);
+        let batcher = Batcher::new(BatchQueue::new(policy), args.max_queue, Arc::clone(&stats));
+        tokio::spawn(batcher.run(batcher_rx, engine_tx));
+        let ctx = Arc::new(ServerContext::new(
+            info,
+            batcher_tx,
+            stats,
+            engine_status,
+            hop_samples,
+            Duration::from_millis(args.wedge_after_ms),
+        ));
+
+        // Bind under a temporary name and rename: clients never see a half-made socket, and a
+        // stale socket from a killed predecessor is replaced atomically.
+        let temp = args
+            .socket
+            .with_extension(format!("tmp{}", std::process::id()));
+        let _ = std::fs::remove_file(&temp);
+        let listener =
+            UnixListener::bind(&temp).with_context(|| format!("binding {}", temp.display()))?;
+        std::fs::rename(&temp, &args.socket)
+            .with_context(|| format!("publishing {}", args.socket.display()))?;
+        tracing::info!(socket = %args.socket.display(), "ready");
+
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .context("SIGTERM handler")?;
+        tokio::select! {
+            () = accept_loop(listener, ctx) => {}
+            _ = terminate.recv() => tracing::info!("SIGTERM: stopping"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: stopping"),
+        }
+        let _ = std::fs::remove_file(&args.socket);
+        anyhow::Ok(())
+    })
 }

@@ -68,7 +68,10 @@ pub fn read_frame<T: DeserializeOwned>(reader: &mut impl Read) -> Result<T, Prot
     decode_body(&body)
 }
 
-pub fn write_frame<T: Serialize>(writer: &mut impl Write, message: &T) -> Result<(), ProtocolError> {
+pub fn write_frame<T: Serialize>(
+    writer: &mut impl Write,
+    message: &T,
+) -> Result<(), ProtocolError> {
     writer.write_all(&encode_frame(message)?)?;
     writer.flush()?;
     Ok(())
@@ -80,7 +83,10 @@ pub async fn read_frame_async<T: DeserializeOwned>(
 ) -> Result<T, ProtocolError> {
     use tokio::io::AsyncReadExt;
     let mut prefix = [0u8; 4];
-    reader.read_exact(&mut prefix).await.map_err(eof_as_closed)?;
+    reader
+        .read_exact(&mut prefix)
+        .await
+        .map_err(eof_as_closed)?;
     let mut body = vec![0u8; checked_len(prefix)?];
     reader.read_exact(&mut body).await.map_err(eof_as_closed)?;
     decode_body(&body)

@@ -12,11 +12,18 @@ pub type RequestId = u64;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ClientMessage {
-    Hello { version: u16, client: String },
+    Hello {
+        version: u16,
+        client: String,
+    },
     Transcribe(TranscribeRequest),
     /// Drop the request if not yet started; an answer (result or `Cancelled`) still follows.
-    Cancel { id: RequestId },
-    Health { nonce: u64 },
+    Cancel {
+        id: RequestId,
+    },
+    Health {
+        nonce: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -43,7 +50,10 @@ impl Audio {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum WorkerMessage {
-    Hello { version: u16, worker: WorkerInfo },
+    Hello {
+        version: u16,
+        worker: WorkerInfo,
+    },
     Result(TranscribeResponse),
     /// `id` is `None` for connection-level errors (bad handshake, undecodable frame).
     Error {
@@ -61,16 +71,18 @@ pub struct WorkerInfo {
     pub model: ModelInfo,
 }
 
-/// What a client needs to turn hypotheses into timed text without loading the weights.
+/// What a client needs to turn hypotheses into timed text without loading the weights
+/// (the fields of `models::timestamps::FrameTiming`, plus the vocabulary).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelInfo {
-    /// The model's file path as the worker was given it.
+    /// The model's path as the worker was given it.
     pub path: String,
     /// SentencePiece pieces by id (blank excluded).
     pub vocabulary: Vec<String>,
-    /// `models::config::ParakeetConfig` as JSON (its serde attributes need a self-describing
-    /// format).
-    pub config_json: String,
+    /// Feature hop in seconds (`preprocessor.window_stride`).
+    pub window_stride_s: f64,
+    pub subsampling_factor: u32,
+    pub sample_rate_hz: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

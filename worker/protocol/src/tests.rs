@@ -99,7 +99,9 @@ fn garbage_bodies_give_typed_errors() {
     }
     assert!(errors > 10_000, "garbage mostly fails to decode ({errors})");
     // Transcribe with a claimed 2^62 samples and a 3-byte payload.
-    let body = [1u8, 5, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 1, 2, 3];
+    let body = [
+        1u8, 5, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 1, 2, 3,
+    ];
     assert!(decode_body::<ClientMessage>(&body).is_err());
 }
 

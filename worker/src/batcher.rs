@@ -1,0 +1,205 @@
+//! The batcher actor: owns the [`BatchQueue`], hands batches to the engine thread when it can
+//! take one, and fans the results out to the connections that asked.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::{mpsc, oneshot};
+use worker_protocol::{
+    RequestId, Timings, TranscribeResponse, WireError, WireErrorKind, WorkerMessage,
+};
+
+use crate::batch_policy::{BatchQueue, Decision, Queued};
+use crate::engine_thread::{EngineJob, EngineOutcome};
+
+/// A request waiting for a batch.
+pub struct Pending {
+    pub conn: u64,
+    pub id: RequestId,
+    pub pcm: Arc<Vec<f32>>,
+    pub reply: mpsc::UnboundedSender<WorkerMessage>,
+}
+
+pub enum BatcherCommand {
+    Submit {
+        pending: Pending,
+        frames: usize,
+        deadline: Option<Instant>,
+    },
+    Cancel {
+        conn: u64,
+        id: RequestId,
+    },
+}
+
+pub fn error_message(id: RequestId, kind: WireErrorKind, message: String) -> WorkerMessage {
+    WorkerMessage::Error {
+        id: Some(id),
+        error: WireError { kind, message },
+    }
+}
+
+/// Shared counters for health reports.
+#[derive(Debug, Default)]
+pub struct QueueStats {
+    pub depth: AtomicUsize,
+}
+
+pub struct Batcher {
+    queue: BatchQueue<Pending>,
+    max_queue: usize,
+    next_key: u64,
+    stats: Arc<QueueStats>,
+}
+
+impl Batcher {
+    pub fn new(queue: BatchQueue<Pending>, max_queue: usize, stats: Arc<QueueStats>) -> Self {
+        Self {
+            queue,
+            max_queue,
+            next_key: 0,
+            stats,
+        }
+    }
+
+    fn apply(&mut self, command: BatcherCommand) {
+        match command {
+            BatcherCommand::Submit {
+                pending,
+                frames,
+                deadline,
+            } => {
+                if self.queue.len() >= self.max_queue {
+                    let msg = error_message(
+                        pending.id,
+                        WireErrorKind::Overloaded,
+                        format!("queue full ({} requests)", self.max_queue),
+                    );
+                    let _ = pending.reply.send(msg);
+                    return;
+                }
+                self.next_key += 1;
+                self.queue.push(Queued {
+                    key: self.next_key,
+                    frames,
+                    arrived: Instant::now(),
+                    deadline,
+                    payload: pending,
+                });
+            }
+            BatcherCommand::Cancel { conn, id } => {
+                for q in self
+                    .queue
+                    .retain(|q| !(q.payload.conn == conn && q.payload.id == id))
+                {
+                    let msg = error_message(id, WireErrorKind::Cancelled, "cancelled".into());
+                    let _ = q.payload.reply.send(msg);
+                }
+            }
+        }
+    }
+
+    /// Drops requests whose connection is gone and answers expired ones.
+    fn prune(&mut self, now: Instant) {
+        self.queue.retain(|q| !q.payload.reply.is_closed());
+        for q in self.queue.take_expired(now) {
+            let msg = error_message(
+                q.payload.id,
+                WireErrorKind::DeadlineExceeded,
+                "deadline passed before the request was batched".into(),
+            );
+            let _ = q.payload.reply.send(msg);
+        }
+    }
+
+    /// Runs until every command sender is dropped.
+    pub async fn run(
+        mut self,
+        mut commands: mpsc::Receiver<BatcherCommand>,
+        engine: mpsc::Sender<EngineJob>,
+    ) {
+        let mut permit = None;
+        loop {
+            self.stats.depth.store(self.queue.len(), Ordering::Release);
+            let Some(slot) = permit.take() else {
+                // Wait for the engine to have room for one more batch, still taking commands.
+                tokio::select! {
+                    reserved = engine.clone().reserve_owned() => match reserved {
+                        Ok(p) => permit = Some(p),
+                        Err(_) => return, // engine thread gone
+                    },
+                    command = commands.recv() => match command {
+                        Some(c) => self.apply(c),
+                        None => return,
+                    },
+                }
+                continue;
+            };
+            let now = Instant::now();
+            self.prune(now);
+            match self.queue.next_batch(now) {
+                Decision::Run(batch) => {
+                    let (reply, outcome) = oneshot::channel();
+                    let clips = batch.iter().map(|q| Arc::clone(&q.payload.pcm)).collect();
+                    slot.send(EngineJob { clips, reply });
+                    tokio::spawn(fan_out(batch, outcome));
+                }
+                Decision::WaitUntil(due) => {
+                    permit = Some(slot);
+                    tokio::select! {
+                        command = commands.recv() => match command {
+                            Some(c) => self.apply(c),
+                            None => return,
+                        },
+                        () = tokio::time::sleep_until(due.into()) => {}
+                    }
+                }
+                Decision::Empty => {
+                    permit = Some(slot);
+                    match commands.recv().await {
+                        Some(c) => self.apply(c),
+                        None => return,
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn fan_out(batch: Vec<Queued<Pending>>, outcome: oneshot::Receiver<EngineOutcome>) {
+    let started = Instant::now();
+    let Ok(outcome) = outcome.await else {
+        // The engine thread died mid-batch: this process can no longer serve. Exiting lets the
+        // supervisor restart it and re-send these requests elsewhere.
+        tracing::error!("engine thread ended without answering a batch; exiting");
+        std::process::exit(70);
+    };
+    let longest = batch.iter().map(|q| q.frames).max().unwrap_or(0);
+    let timings = |q: &Queued<Pending>| Timings {
+        queue_us: started.saturating_duration_since(q.arrived).as_micros() as u64,
+        batch_us: outcome.elapsed.as_micros() as u64,
+        batch_size: batch.len() as u32,
+        padded_frames: (longest * batch.len()) as u64,
+    };
+    match outcome.result {
+        Ok(hyps) => {
+            for (q, hypothesis) in batch.iter().zip(hyps) {
+                let response = TranscribeResponse {
+                    id: q.payload.id,
+                    hypothesis,
+                    confidences: None,
+                    timings: timings(q),
+                };
+                let _ = q.payload.reply.send(WorkerMessage::Result(response));
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, size = batch.len(), "batch failed");
+            for q in &batch {
+                let msg = error_message(q.payload.id, WireErrorKind::Inference, e.to_string());
+                let _ = q.payload.reply.send(msg);
+            }
+        }
+    }
+}

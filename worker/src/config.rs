@@ -1,0 +1,73 @@
+//! Command line and environment.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::batch_policy::BatchPolicyConfig;
+use crate::engine::EngineKind;
+use crate::error::WorkerError;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "worker",
+    about = "One Parakeet model instance serving a Unix socket"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Load the model, warm up, then serve the socket.
+    Serve(ServeArgs),
+    /// Report what this build and machine can run (engines, devices).
+    Probe,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Unix socket to serve. It is created only after warm-up, so its existence means ready.
+    #[arg(long, env = "WORKER_SOCKET")]
+    pub socket: PathBuf,
+    /// The `.nemo` checkpoint.
+    #[arg(long, env = "WORKER_MODEL")]
+    pub model: PathBuf,
+    /// Engine. A requested engine that is unavailable is a startup error, never a fallback.
+    #[arg(long, env = "WORKER_ENGINE", value_enum, default_value = "cpu")]
+    pub engine: EngineKind,
+    /// Batch sizes the batcher fills to (it runs the largest one reached at once).
+    #[arg(
+        long,
+        env = "WORKER_PREFERRED_BATCH_SIZES",
+        value_delimiter = ',',
+        default_value = "4,8,16"
+    )]
+    pub preferred_batch_sizes: Vec<usize>,
+    /// Longest a request waits for companions before its batch runs anyway.
+    #[arg(long, env = "WORKER_MAX_BATCH_WAIT_MS", default_value_t = 50)]
+    pub max_batch_wait_ms: u64,
+    /// Budget of one batch in padded feature frames (longest member × members; 100 frames =
+    /// 1 s). Default: 16 segments of 30 s. A single longer segment still runs, alone.
+    #[arg(long, env = "WORKER_MAX_BATCH_PADDED_FRAMES", default_value_t = 48_000)]
+    pub max_batch_padded_frames: usize,
+    /// Requests allowed to wait; beyond this the worker answers `Overloaded`.
+    #[arg(long, env = "WORKER_MAX_QUEUE", default_value_t = 1024)]
+    pub max_queue: usize,
+    /// Health reports `Wedged` once one batch has run this long.
+    #[arg(long, env = "WORKER_WEDGE_AFTER_MS", default_value_t = 120_000)]
+    pub wedge_after_ms: u64,
+}
+
+impl ServeArgs {
+    pub fn batch_policy(&self) -> Result<BatchPolicyConfig, WorkerError> {
+        BatchPolicyConfig::new(
+            self.preferred_batch_sizes.clone(),
+            Duration::from_millis(self.max_batch_wait_ms),
+            self.max_batch_padded_frames,
+        )
+        .map_err(WorkerError::Config)
+    }
+}

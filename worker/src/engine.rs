@@ -1,0 +1,111 @@
+//! Engines behind one synchronous trait; each runs on its own OS thread
+//! ([`crate::engine_thread`]). The CPU engine is the models crate's f32 reference model.
+
+use std::path::Path;
+
+use clap::ValueEnum;
+use models::transcript::Hypothesis;
+use models::ParakeetModel;
+use worker_protocol::ModelInfo;
+
+use crate::error::WorkerError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EngineKind {
+    /// The models crate's CPU f32 reference model (`.nemo`).
+    Cpu,
+    /// ONNX Runtime (not wired into the worker yet: refused).
+    Onnx,
+    /// The native CUDA engine (not in this build: refused, never replaced by the CPU).
+    Cuda,
+}
+
+impl EngineKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::Onnx => "onnx",
+            Self::Cuda => "cuda",
+        }
+    }
+}
+
+pub trait Engine: Send {
+    fn name(&self) -> &'static str;
+    fn model_info(&self) -> ModelInfo;
+    /// One hypothesis per clip, in order. Must equal each clip's hypothesis alone.
+    fn transcribe(&mut self, batch: &[&[f32]]) -> Result<Vec<Hypothesis>, WorkerError>;
+    /// Samples per feature frame (the batching cost unit).
+    fn hop_samples(&self) -> usize;
+}
+
+/// Loads the requested engine or fails: there is no fallback between engines.
+pub fn load(kind: EngineKind, model: &Path) -> Result<Box<dyn Engine>, WorkerError> {
+    match kind {
+        EngineKind::Cpu => Ok(Box::new(CpuEngine::load(model)?)),
+        EngineKind::Onnx => Err(WorkerError::EngineUnavailable {
+            engine: kind.name().into(),
+            reason: "the ONNX engine is not wired into the worker yet (models::onnx exists; \
+                     its timing metadata for the protocol is missing)"
+                .into(),
+        }),
+        EngineKind::Cuda => Err(WorkerError::EngineUnavailable {
+            engine: kind.name().into(),
+            reason: "this build has no CUDA engine (see the native CUDA engine issue)".into(),
+        }),
+    }
+}
+
+pub struct CpuEngine {
+    model: ParakeetModel,
+    path: String,
+}
+
+impl CpuEngine {
+    pub fn load(path: &Path) -> Result<Self, WorkerError> {
+        let model = ParakeetModel::load(path).map_err(|source| WorkerError::Load {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(Self {
+            model,
+            path: path.display().to_string(),
+        })
+    }
+}
+
+impl Engine for CpuEngine {
+    fn name(&self) -> &'static str {
+        EngineKind::Cpu.name()
+    }
+
+    fn model_info(&self) -> ModelInfo {
+        let cfg = self.model.config();
+        ModelInfo {
+            path: self.path.clone(),
+            vocabulary: self.model.vocabulary().to_vec(),
+            window_stride_s: cfg.features.hop_length_samples as f64
+                / f64::from(cfg.features.sample_rate_hz),
+            subsampling_factor: cfg.encoder.subsampling_factor as u32,
+            sample_rate_hz: cfg.features.sample_rate_hz,
+        }
+    }
+
+    fn transcribe(&mut self, batch: &[&[f32]]) -> Result<Vec<Hypothesis>, WorkerError> {
+        let hyps = self
+            .model
+            .transcribe_batch(batch)
+            .map_err(WorkerError::Inference)?;
+        if hyps.len() != batch.len() {
+            return Err(WorkerError::EngineContract {
+                expected: batch.len(),
+                got: hyps.len(),
+            });
+        }
+        Ok(hyps)
+    }
+
+    fn hop_samples(&self) -> usize {
+        self.model.config().features.hop_length_samples
+    }
+}

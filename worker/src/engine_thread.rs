@@ -1,0 +1,87 @@
+//! The engine on its own OS thread: batches in over a capacity-1 channel (so the batcher can
+//! prepare exactly one batch ahead), results out through a oneshot per batch.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use models::transcript::Hypothesis;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::engine::Engine;
+use crate::error::WorkerError;
+
+pub struct EngineJob {
+    pub clips: Vec<Arc<Vec<f32>>>,
+    pub reply: oneshot::Sender<EngineOutcome>,
+}
+
+pub struct EngineOutcome {
+    pub result: Result<Vec<Hypothesis>, WorkerError>,
+    pub elapsed: Duration,
+}
+
+/// What the engine is doing, readable from any thread (for health reports).
+#[derive(Debug, Default)]
+pub struct EngineStatus {
+    /// Milliseconds since `epoch` when the current batch started; 0 when idle.
+    busy_since_ms: AtomicU64,
+    batches_done: AtomicU64,
+    epoch: Option<Instant>,
+}
+
+impl EngineStatus {
+    fn new() -> Self {
+        Self {
+            epoch: Some(Instant::now()),
+            ..Self::default()
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch
+            .map_or(0, |e| e.elapsed().as_millis() as u64)
+            .max(1)
+    }
+
+    /// How long the current batch has been running (zero when idle).
+    pub fn busy_for(&self) -> Duration {
+        match self.busy_since_ms.load(Ordering::Acquire) {
+            0 => Duration::ZERO,
+            since => Duration::from_millis(self.now_ms().saturating_sub(since)),
+        }
+    }
+
+    pub fn batches_done(&self) -> u64 {
+        self.batches_done.load(Ordering::Acquire)
+    }
+}
+
+/// Starts the engine thread. It ends when every sender of the returned channel is dropped.
+pub fn spawn(
+    mut engine: Box<dyn Engine>,
+) -> std::io::Result<(mpsc::Sender<EngineJob>, Arc<EngineStatus>)> {
+    let (tx, mut rx) = mpsc::channel::<EngineJob>(1);
+    let status = Arc::new(EngineStatus::new());
+    let thread_status = Arc::clone(&status);
+    std::thread::Builder::new()
+        .name(format!("engine-{}", engine.name()))
+        .spawn(move || {
+            while let Some(job) = rx.blocking_recv() {
+                let started = Instant::now();
+                thread_status
+                    .busy_since_ms
+                    .store(thread_status.now_ms(), Ordering::Release);
+                let clips: Vec<&[f32]> = job.clips.iter().map(|c| c.as_slice()).collect();
+                let result = engine.transcribe(&clips);
+                thread_status.busy_since_ms.store(0, Ordering::Release);
+                thread_status.batches_done.fetch_add(1, Ordering::AcqRel);
+                // The batcher may have gone (shutdown): nothing to answer then.
+                let _ = job.reply.send(EngineOutcome {
+                    result,
+                    elapsed: started.elapsed(),
+                });
+            }
+        })?;
+    Ok((tx, status))
+}
