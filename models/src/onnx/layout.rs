@@ -68,7 +68,7 @@ impl Layout {
         let layout_error = |problem: String| ModelError::OnnxLayout {
             dir: dir.to_path_buf(),
             problem,
-            found: names.iter().cloned().collect(),
+            found: found_summary(&names),
         };
         let pick = |base: &str| -> Option<PathBuf> {
             let plain = format!("{base}.onnx");
@@ -197,6 +197,16 @@ impl Layout {
             parts.join(", ")
         )
     }
+}
+
+/// File names for an error message; external-weight exports hold hundreds, so the list is cut.
+fn found_summary(names: &BTreeSet<String>) -> Vec<String> {
+    const SHOWN: usize = 30;
+    let mut found: Vec<String> = names.iter().take(SHOWN).cloned().collect();
+    if names.len() > SHOWN {
+        found.push(format!("... and {} more", names.len() - SHOWN));
+    }
+    found
 }
 
 fn list_files(dir: &Path) -> Result<BTreeSet<String>, ModelError> {
@@ -378,6 +388,15 @@ mod tests {
             "vocab.txt",
         ]);
         assert!(problem.contains("several NeMo exports (a, b)"), "{problem}");
+    }
+
+    #[test]
+    fn long_listings_are_cut() {
+        let files: Vec<String> = (0..40).map(|i| format!("weight_{i:02}")).collect();
+        let refs: Vec<&str> = files.iter().map(String::as_str).collect();
+        let (_, found) = layout_error(&refs);
+        assert_eq!(found.len(), 31);
+        assert_eq!(found[30], "... and 10 more");
     }
 
     #[test]
