@@ -6,6 +6,7 @@
 //! Without it these tests skip loudly, unless `REQUIRE_ORT` is set (CI), where they fail.
 //! `ONNX_PARITY_FIXTURES` points at another fixture root (default `tests/fixtures`).
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context, Result};
@@ -29,7 +30,9 @@ fn runtime_configured(test: &str) -> bool {
     if std::env::var_os("REQUIRE_ORT").is_some() {
         panic!("REQUIRE_ORT is set but {ORT_DYLIB_PATH} is not: cannot run {test}");
     }
-    eprintln!(
+    // Straight to the stderr handle: libtest captures `eprintln!` of passing tests.
+    let _ = writeln!(
+        std::io::stderr(),
         "\n!!!!! SKIPPING {test}: {ORT_DYLIB_PATH} is not set (pip install onnxruntime; \
          export {ORT_DYLIB_PATH}=$(python3 scripts/find_onnxruntime.py)) !!!!!\n"
     );
