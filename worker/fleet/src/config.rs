@@ -1,0 +1,143 @@
+//! What the supervisor runs: groups of identical workers (one group per GPU).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::mps::MpsConfig;
+
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    /// The `worker` executable.
+    pub worker_binary: PathBuf,
+    /// The `.nemo` model every worker loads.
+    pub model: PathBuf,
+    /// `--engine` value for the workers (`cpu`, `cuda`, ...).
+    pub engine: String,
+    /// Extra `worker serve` arguments (batch sizes, budgets).
+    pub worker_args: Vec<String>,
+    pub groups: Vec<GroupConfig>,
+    /// Sockets and the load lock live here.
+    pub runtime_dir: PathBuf,
+    /// The file lock that serialises model loading across workers (and supervisors).
+    pub load_lock: PathBuf,
+    /// Requests sent to one worker and not yet answered, at most.
+    pub max_outstanding_per_worker: usize,
+    /// Requests waiting for a worker, at most; submitters block beyond this.
+    pub max_waiting: usize,
+    /// How long a submitter blocks for room before `Overloaded`.
+    pub submit_timeout: Duration,
+    /// A request unanswered this long marks its worker stuck.
+    pub request_timeout: Duration,
+    pub health_interval: Duration,
+    /// A health ping unanswered this long marks the worker stuck.
+    pub health_timeout: Duration,
+    /// Spawn to first successful handshake, at most.
+    pub startup_timeout: Duration,
+    pub restart_backoff: Backoff,
+    /// Attempts (workers lost while holding the request) before it is failed as poison.
+    pub max_attempts: u32,
+}
+
+impl FleetConfig {
+    /// Defaults for a CPU fleet of `instances` workers in one group.
+    pub fn cpu(
+        worker_binary: PathBuf,
+        model: PathBuf,
+        runtime_dir: PathBuf,
+        instances: usize,
+    ) -> Self {
+        Self {
+            worker_binary,
+            model,
+            engine: "cpu".into(),
+            worker_args: Vec::new(),
+            groups: vec![GroupConfig {
+                name: "cpu".into(),
+                gpu: None,
+                instances,
+                mps: None,
+            }],
+            load_lock: runtime_dir.join("model-load.lock"),
+            runtime_dir,
+            max_outstanding_per_worker: 32,
+            max_waiting: 1024,
+            submit_timeout: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(120),
+            health_interval: Duration::from_millis(500),
+            health_timeout: Duration::from_secs(5),
+            startup_timeout: Duration::from_secs(300),
+            restart_backoff: Backoff::default(),
+            max_attempts: 3,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.groups.is_empty() || self.groups.iter().any(|g| g.instances == 0) {
+            return Err("every group needs at least one instance".into());
+        }
+        if self.max_outstanding_per_worker == 0 || self.max_waiting == 0 {
+            return Err("max_outstanding_per_worker and max_waiting must be positive".into());
+        }
+        if self.max_attempts == 0 {
+            return Err("max_attempts must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// Workers sharing one device. Under MPS a fault reaches every client of the GPU, so a failure
+/// of one restarts the whole group.
+#[derive(Debug, Clone)]
+pub struct GroupConfig {
+    pub name: String,
+    /// `CUDA_VISIBLE_DEVICES` for the group; `None` on the CPU.
+    pub gpu: Option<u32>,
+    pub instances: usize,
+    pub mps: Option<MpsConfig>,
+}
+
+/// Exponential restart delay: `initial × factor^(failures-1)`, capped at `max`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Backoff {
+    pub initial: Duration,
+    pub max: Duration,
+    pub factor: u32,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(200),
+            max: Duration::from_secs(30),
+            factor: 2,
+        }
+    }
+}
+
+impl Backoff {
+    /// Delay before restart after `failures` consecutive failures (0: start now).
+    pub fn delay(&self, failures: u32) -> Duration {
+        if failures == 0 {
+            return Duration::ZERO;
+        }
+        let exp = self.factor.saturating_pow(failures - 1);
+        self.initial.saturating_mul(exp).min(self.max)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_caps() {
+        let b = Backoff {
+            initial: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+            factor: 2,
+        };
+        let ms: Vec<u128> = (0..7).map(|f| b.delay(f).as_millis()).collect();
+        assert_eq!(ms, vec![0, 100, 200, 400, 800, 1000, 1000]);
+        assert_eq!(b.delay(u32::MAX), Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,54 @@
+use std::path::PathBuf;
+
+use thiserror::Error;
+use worker_protocol::{ProtocolError, WireErrorKind};
+
+#[derive(Debug, Error)]
+pub enum FleetError {
+    #[error("invalid fleet configuration: {0}")]
+    Config(String),
+    #[error("{action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("worker protocol: {0}")]
+    Protocol(#[from] ProtocolError),
+    /// Every worker's queue is full and the wait for room ran out.
+    #[error("overloaded: no worker had room within {waited_ms} ms")]
+    Overloaded { waited_ms: u64 },
+    /// The worker answered this request with an error (not retried: it would fail again).
+    #[error("worker rejected the request ({kind:?}): {message}")]
+    Rejected {
+        kind: WireErrorKind,
+        message: String,
+    },
+    /// The request was in flight on workers that died this many times: it is likely what
+    /// kills them, so it is failed instead of taking down more workers.
+    #[error("request lost {attempts} workers; giving up on it")]
+    PoisonRequest { attempts: u32 },
+    #[error("no worker became ready within {waited_ms} ms")]
+    NotReady { waited_ms: u64 },
+    #[error("the fleet is shutting down")]
+    ShuttingDown,
+    #[error("timestamps: {0}")]
+    Timestamps(#[from] models::ModelError),
+    #[error("MPS control command `{command}` failed: {detail}")]
+    Mps { command: String, detail: String },
+}
+
+impl FleetError {
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.into();
+        move |source| Self::Io {
+            action,
+            path,
+            source,
+        }
+    }
+}

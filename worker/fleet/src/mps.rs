@@ -1,0 +1,273 @@
+//! CUDA MPS as data: the environment each worker gets and the control-daemon commands, so both
+//! are unit-tested here and only executed on GPU machines. One daemon (and pipe directory) per
+//! GPU: a server spanning GPUs would spread one GPU's fault to the other.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use crate::error::FleetError;
+
+pub const CONTROL_BINARY: &str = "nvidia-cuda-mps-control";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct MpsConfig {
+    /// Per-GPU pipe directories are created under this (`<root>/gpu<N>`).
+    pub pipe_root: PathBuf,
+    pub log_root: PathBuf,
+    /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` per worker; default `100 / instances`.
+    pub active_thread_percentage: Option<u32>,
+}
+
+/// The directories of one GPU's daemon.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsDirs {
+    pub pipe: PathBuf,
+    pub log: PathBuf,
+}
+
+impl MpsConfig {
+    pub fn dirs(&self, gpu: u32) -> MpsDirs {
+        MpsDirs {
+            pipe: self.pipe_root.join(format!("gpu{gpu}")),
+            log: self.log_root.join(format!("gpu{gpu}")),
+        }
+    }
+
+    pub fn thread_percentage(&self, instances: usize) -> u32 {
+        self.active_thread_percentage
+            .unwrap_or_else(|| (100 / instances.max(1)).max(1) as u32)
+    }
+}
+
+/// Environment of one worker of a group.
+pub fn worker_env(
+    gpu: Option<u32>,
+    instances: usize,
+    mps: Option<&MpsConfig>,
+) -> Vec<(String, String)> {
+    let mut env = Vec::new();
+    let Some(gpu) = gpu else {
+        return env;
+    };
+    env.push(("CUDA_VISIBLE_DEVICES".into(), gpu.to_string()));
+    if let Some(mps) = mps {
+        let dirs = mps.dirs(gpu);
+        env.push(("CUDA_MPS_PIPE_DIRECTORY".into(), path_str(&dirs.pipe)));
+        env.push(("CUDA_MPS_LOG_DIRECTORY".into(), path_str(&dirs.log)));
+        env.push((
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(),
+            mps.thread_percentage(instances).to_string(),
+        ));
+    }
+    env
+}
+
+fn path_str(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// A command to run: program, arguments, environment, optional stdin text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommandSpec {
+    pub program: String,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub stdin: Option<String>,
+}
+
+impl CommandSpec {
+    pub fn display(&self) -> String {
+        let env: Vec<String> = self.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let stdin = self
+            .stdin
+            .as_deref()
+            .map(|s| format!("echo {} | ", s.trim()));
+        format!(
+            "{}{} {} {}",
+            stdin.unwrap_or_default(),
+            env.join(" "),
+            self.program,
+            self.args.join(" ")
+        )
+        .trim()
+        .to_string()
+    }
+
+    /// Runs to completion; a non-zero exit is an error carrying stderr.
+    pub fn run(&self) -> Result<Output, FleetError> {
+        let fail = |detail: String| FleetError::Mps {
+            command: self.display(),
+            detail,
+        };
+        let mut child = Command::new(&self.program)
+            .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(if self.stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| fail(e.to_string()))?;
+        if let (Some(text), Some(mut stdin)) = (&self.stdin, child.stdin.take()) {
+            stdin
+                .write_all(text.as_bytes())
+                .map_err(|e| fail(e.to_string()))?;
+        }
+        let output = child.wait_with_output().map_err(|e| fail(e.to_string()))?;
+        if !output.status.success() {
+            return Err(fail(format!(
+                "{}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )));
+        }
+        Ok(output)
+    }
+}
+
+fn daemon_env(gpu: u32, dirs: &MpsDirs) -> Vec<(String, String)> {
+    vec![
+        ("CUDA_VISIBLE_DEVICES".into(), gpu.to_string()),
+        ("CUDA_MPS_PIPE_DIRECTORY".into(), path_str(&dirs.pipe)),
+        ("CUDA_MPS_LOG_DIRECTORY".into(), path_str(&dirs.log)),
+    ]
+}
+
+/// `nvidia-cuda-mps-control -d` for one GPU, with its own pipe and log directories.
+pub fn daemon_start(gpu: u32, dirs: &MpsDirs) -> CommandSpec {
+    CommandSpec {
+        program: CONTROL_BINARY.into(),
+        args: vec!["-d".into()],
+        env: daemon_env(gpu, dirs),
+        stdin: None,
+    }
+}
+
+/// `echo quit | nvidia-cuda-mps-control` against that GPU's pipe directory.
+pub fn daemon_stop(gpu: u32, dirs: &MpsDirs) -> CommandSpec {
+    CommandSpec {
+        program: CONTROL_BINARY.into(),
+        args: Vec::new(),
+        env: daemon_env(gpu, dirs),
+        stdin: Some("quit\n".into()),
+    }
+}
+
+/// The daemon listens on `<pipe dir>/control` while it runs.
+pub fn daemon_running(dirs: &MpsDirs) -> bool {
+    dirs.pipe.join("control").exists()
+}
+
+/// Starts the GPU's daemon unless one already serves its pipe directory. `Ok(true)` when this
+/// call started it (and so should stop it).
+pub fn ensure_daemon(gpu: u32, dirs: &MpsDirs) -> Result<bool, FleetError> {
+    if daemon_running(dirs) {
+        return Ok(false);
+    }
+    for dir in [&dirs.pipe, &dirs.log] {
+        std::fs::create_dir_all(dir).map_err(FleetError::io("creating MPS directory", dir))?;
+    }
+    daemon_start(gpu, dirs).run()?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mps(pct: Option<u32>) -> MpsConfig {
+        MpsConfig {
+            pipe_root: "/run/fleet/mps".into(),
+            log_root: "/var/log/fleet/mps".into(),
+            active_thread_percentage: pct,
+        }
+    }
+
+    fn get<'a>(env: &'a [(String, String)], key: &str) -> Option<&'a str> {
+        env.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn worker_env_under_mps_defaults_to_an_equal_share() {
+        let env = worker_env(Some(3), 4, Some(&mps(None)));
+        assert_eq!(get(&env, "CUDA_VISIBLE_DEVICES"), Some("3"));
+        assert_eq!(
+            get(&env, "CUDA_MPS_PIPE_DIRECTORY"),
+            Some("/run/fleet/mps/gpu3")
+        );
+        assert_eq!(
+            get(&env, "CUDA_MPS_LOG_DIRECTORY"),
+            Some("/var/log/fleet/mps/gpu3")
+        );
+        assert_eq!(get(&env, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), Some("25"));
+        let env8 = worker_env(Some(0), 8, Some(&mps(None)));
+        assert_eq!(get(&env8, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), Some("12"));
+        let pinned = worker_env(Some(0), 8, Some(&mps(Some(40))));
+        assert_eq!(
+            get(&pinned, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
+            Some("40")
+        );
+    }
+
+    #[test]
+    fn worker_env_without_mps_or_gpu() {
+        let plain = worker_env(Some(1), 4, None);
+        assert_eq!(
+            plain,
+            vec![("CUDA_VISIBLE_DEVICES".to_string(), "1".to_string())]
+        );
+        assert!(worker_env(None, 4, Some(&mps(None))).is_empty());
+    }
+
+    #[test]
+    fn daemon_commands_use_the_gpus_own_directories() {
+        let dirs = mps(None).dirs(2);
+        let start = daemon_start(2, &dirs);
+        assert_eq!(start.program, "nvidia-cuda-mps-control");
+        assert_eq!(start.args, vec!["-d"]);
+        assert_eq!(
+            get(&start.env, "CUDA_MPS_PIPE_DIRECTORY"),
+            Some("/run/fleet/mps/gpu2")
+        );
+        assert_eq!(get(&start.env, "CUDA_VISIBLE_DEVICES"), Some("2"));
+        let stop = daemon_stop(2, &dirs);
+        assert!(stop.args.is_empty());
+        assert_eq!(stop.stdin.as_deref(), Some("quit\n"));
+        assert_eq!(
+            get(&stop.env, "CUDA_MPS_PIPE_DIRECTORY"),
+            Some("/run/fleet/mps/gpu2")
+        );
+        assert_eq!(
+            stop.display(),
+            "echo quit | CUDA_VISIBLE_DEVICES=2 CUDA_MPS_PIPE_DIRECTORY=/run/fleet/mps/gpu2 \
+             CUDA_MPS_LOG_DIRECTORY=/var/log/fleet/mps/gpu2 nvidia-cuda-mps-control"
+        );
+    }
+
+    #[test]
+    fn daemon_running_checks_the_control_pipe() {
+        let dir = tempfile::tempdir().unwrap();
+        let dirs = MpsDirs {
+            pipe: dir.path().to_owned(),
+            log: dir.path().to_owned(),
+        };
+        assert!(!daemon_running(&dirs));
+        std::fs::write(dir.path().join("control"), b"").unwrap();
+        assert!(daemon_running(&dirs));
+    }
+
+    #[test]
+    fn a_missing_control_binary_is_a_typed_error() {
+        let spec = CommandSpec {
+            program: "/nonexistent/nvidia-cuda-mps-control".into(),
+            args: vec![],
+            env: vec![],
+            stdin: None,
+        };
+        assert!(matches!(spec.run(), Err(FleetError::Mps { .. })));
+    }
+}

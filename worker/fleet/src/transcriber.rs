@@ -1,0 +1,66 @@
+//! [`FleetTranscriber`]: the fleet behind the dispatcher's `Transcriber` shape (model id, frame
+//! duration, segments in, transcripts out).
+
+use std::time::Duration;
+
+use models::timestamps::{FrameTiming, TimestampOptions, Timestamper};
+use models::transcript::Transcript;
+
+use crate::error::FleetError;
+use crate::fleet::Fleet;
+
+pub struct FleetTranscriber {
+    fleet: Fleet,
+    timestamper: Timestamper,
+    model_id: String,
+    frame_s: f64,
+}
+
+impl FleetTranscriber {
+    /// Waits up to `ready_timeout` for a worker, whose handshake supplies the vocabulary and
+    /// frame timing (so this process never loads the weights).
+    pub fn new(
+        fleet: Fleet,
+        model_id: String,
+        ready_timeout: Duration,
+    ) -> Result<Self, FleetError> {
+        let info = fleet.wait_ready(ready_timeout)?;
+        let timing = FrameTiming {
+            window_stride_s: info.window_stride_s,
+            subsampling_factor: info.subsampling_factor as usize,
+            sample_rate_hz: info.sample_rate_hz,
+        };
+        Ok(Self {
+            fleet,
+            timestamper: Timestamper::new(&info.vocabulary, timing, TimestampOptions::default()),
+            model_id,
+            frame_s: timing.seconds(1),
+        })
+    }
+
+    pub fn fleet(&self) -> &Fleet {
+        &self.fleet
+    }
+
+    pub fn model_id(&self) -> &str {
+        &self.model_id
+    }
+
+    pub fn frame_duration_s(&self) -> f64 {
+        self.frame_s
+    }
+
+    /// One transcript per segment; the first failed segment fails the call.
+    pub fn transcribe(&self, segments: &[&[f32]]) -> Result<Vec<Transcript>, FleetError> {
+        self.fleet
+            .transcribe(segments)
+            .into_iter()
+            .zip(segments)
+            .map(|(response, pcm)| {
+                Ok(self
+                    .timestamper
+                    .transcript(&response?.hypothesis, pcm.len())?)
+            })
+            .collect()
+    }
+}

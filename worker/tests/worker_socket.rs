@@ -1,0 +1,162 @@
+//! The worker process through its socket: batched answers equal single-clip answers, garbage
+//! and protocol misuse get typed errors without hurting the worker, unavailable engines fail.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::process::Command;
+
+use anyhow::{bail, Result};
+use common::{clips, reference, WorkerProcess};
+use worker_protocol::{
+    read_frame, write_frame, Audio, ClientMessage, TranscribeRequest, WireErrorKind, WorkerMessage,
+    MAX_FRAME_BYTES,
+};
+
+fn transcribe_all(
+    worker: &WorkerProcess,
+    clips: &[(String, Vec<f32>)],
+    copies: usize,
+) -> Result<HashMap<u64, worker_protocol::TranscribeResponse>> {
+    let mut stream = worker.connect()?;
+    let n = clips.len() * copies;
+    for id in 0..n {
+        let request = TranscribeRequest {
+            id: id as u64,
+            audio: Audio::Pcm16k(clips[id % clips.len()].1.clone()),
+            deadline_ms: None,
+        };
+        write_frame(&mut stream, &ClientMessage::Transcribe(request))?;
+    }
+    let mut answers = HashMap::new();
+    while answers.len() < n {
+        match read_frame::<WorkerMessage>(&mut stream)? {
+            WorkerMessage::Result(r) => {
+                answers.insert(r.id, r);
+            }
+            other => bail!("unexpected {other:?}"),
+        }
+    }
+    Ok(answers)
+}
+
+#[test]
+fn batched_answers_equal_each_clip_alone() -> Result<()> {
+    let clips = clips()?;
+    let (_, expected) = reference(&clips)?;
+    let dir = tempfile::tempdir()?;
+    // A generous wait so the 24 requests form real batches.
+    let worker = WorkerProcess::start(dir.path(), &["--max-batch-wait-ms", "300"])?;
+    let answers = transcribe_all(&worker, &clips, 3)?;
+    for (id, answer) in &answers {
+        let clip = *id as usize % clips.len();
+        assert_eq!(
+            answer.hypothesis, expected[clip],
+            "clip {} (request {id}) in a batch of {}",
+            clips[clip].0, answer.timings.batch_size
+        );
+    }
+    let largest = answers.values().map(|a| a.timings.batch_size).max();
+    assert!(
+        largest >= Some(4),
+        "requests were batched (largest batch {largest:?})"
+    );
+    Ok(())
+}
+
+#[test]
+fn garbage_and_misuse_get_typed_errors_and_worker_keeps_serving() -> Result<()> {
+    let clips = clips()?;
+    let (_, expected) = reference(&clips[..1])?;
+    let dir = tempfile::tempdir()?;
+    let mut worker = WorkerProcess::start(dir.path(), &[])?;
+
+    // A lying length: refused without allocating, connection closed.
+    let mut s = worker.send_raw(&(MAX_FRAME_BYTES + 1).to_be_bytes())?;
+    assert!(matches!(
+        read_frame::<WorkerMessage>(&mut s)?,
+        WorkerMessage::Error { id: None, error } if error.kind == WireErrorKind::Malformed
+    ));
+    let mut rest = Vec::new();
+    assert_eq!(s.read_to_end(&mut rest)?, 0, "closed after the error");
+
+    // Random bytes in a well-formed frame, and random bytes with no framing at all.
+    let mut frame = 32u32.to_be_bytes().to_vec();
+    frame.extend((0..32u8).map(|i| i.wrapping_mul(97).wrapping_add(13)));
+    let mut s = worker.send_raw(&frame)?;
+    assert!(matches!(
+        read_frame::<WorkerMessage>(&mut s)?,
+        WorkerMessage::Error { id: None, .. }
+    ));
+    drop(worker.send_raw(b"\x00\x00\x00\x05GET / HTTP/1.1\r\n\r\n")?);
+
+    // A wrong version.
+    let mut s = worker.send_raw(&[])?;
+    write_frame(
+        &mut s,
+        &ClientMessage::Hello {
+            version: 999,
+            client: "old".into(),
+        },
+    )?;
+    assert!(matches!(
+        read_frame::<WorkerMessage>(&mut s)?,
+        WorkerMessage::Error { id: None, error } if error.kind == WireErrorKind::VersionMismatch
+    ));
+
+    // Unusable audio is a per-request error; the connection goes on.
+    let mut s = worker.connect()?;
+    for (id, pcm) in [(1u64, vec![]), (2, vec![f32::NAN; 1600])] {
+        let req = TranscribeRequest {
+            id,
+            audio: Audio::Pcm16k(pcm),
+            deadline_ms: None,
+        };
+        write_frame(&mut s, &ClientMessage::Transcribe(req))?;
+        assert!(matches!(
+            read_frame::<WorkerMessage>(&mut s)?,
+            WorkerMessage::Error { id: Some(got), error }
+                if got == id && error.kind == WireErrorKind::BadRequest
+        ));
+    }
+
+    // Still alive, still right.
+    assert!(worker.is_running());
+    let answers = transcribe_all(&worker, &clips[..1], 1)?;
+    assert_eq!(answers[&0].hypothesis, expected[0]);
+    Ok(())
+}
+
+#[test]
+fn unavailable_engine_fails_hard() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    for engine in ["cuda", "onnx"] {
+        let out = Command::new(common::worker_binary())
+            .args(["serve", "--engine", engine, "--socket"])
+            .arg(dir.path().join("w.sock"))
+            .arg("--model")
+            .arg(common::model_path())
+            .output()?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{engine}: must not fall back");
+        assert!(stderr.contains("not available"), "{engine}: {stderr}");
+        assert!(
+            !dir.path().join("w.sock").exists(),
+            "{engine}: never served"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn probe_says_cuda_probing_is_not_in_this_build() -> Result<()> {
+    let out = Command::new(common::worker_binary())
+        .arg("probe")
+        .output()?;
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("engine cpu: available"), "{text}");
+    assert!(text.contains("engine cuda: not available"), "{text}");
+    Ok(())
+}
