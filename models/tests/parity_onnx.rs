@@ -192,8 +192,28 @@ fn encoder_error(enc: &EncodedUtterance, shape: &[usize], reference: &[f32]) -> 
     Ok((err / norm.max(f64::MIN_POSITIVE)).sqrt())
 }
 
+/// Features of near-silent clips (the log guard flattens mel rows and per-feature
+/// normalisation divides f32 rounding by a tiny deviation) cannot come within 1e-4 of NeMo's f32
+/// values; `parity_native.rs` holds the extractor to an exact f64 reference there. Such a
+/// clip's encoder output may then differ by as much as its features do (times this factor),
+/// and by no more than [`MAX_FEATURE_REL_L2`], beyond which the extractor is simply wrong.
+const ENCODER_OVER_FEATURE_ERROR: f64 = 10.0;
+const MAX_FEATURE_REL_L2: f64 = 1e-2;
+
+fn rel_l2(ours: &[f32], reference: &[f32]) -> f64 {
+    let (err, norm) = ours
+        .iter()
+        .zip(reference)
+        .fold((0.0f64, 0.0f64), |(e, n), (x, r)| {
+            let (x, r) = (f64::from(*x), f64::from(*r));
+            (e + (x - r) * (x - r), n + r * r)
+        });
+    (err / norm.max(f64::MIN_POSITIVE)).sqrt()
+}
+
 /// Encoder output against NeMo for every clip, layout and fixture model, with features from
-/// `features_of(model, model_dir, clip)`.
+/// `features_of(model, model_dir, clip)`: within 1e-4, unless the features themselves are
+/// further than that from NeMo's (see [`ENCODER_OVER_FEATURE_ERROR`]).
 fn check_encoder(
     test: &str,
     mut features_of: impl FnMut(&mut OnnxModel, &Path, &str) -> Result<Features>,
@@ -209,27 +229,48 @@ fn check_encoder(
             let mut worst = 0.0f64;
             for clip in clip_names(&exp)? {
                 let feats = features_of(&mut model, &model_dir, &clip)?;
+                let (shape, nemo_feats) =
+                    reference_tensor(&model_dir, &format!("features/{clip}"))?;
+                ensure!(
+                    shape == [feats.n_mels, feats.n_frames],
+                    "{kind:?} {clip}: features [{}, {}], NeMo {shape:?}",
+                    feats.n_mels,
+                    feats.n_frames
+                );
+                let feature_err = rel_l2(&feats.data, &nemo_feats);
                 let enc = model.encode(&feats)?;
                 let (shape, reference) = reference_tensor(&model_dir, &format!("encoder/{clip}"))?;
                 let rel = encoder_error(&enc, &shape, &reference)
                     .with_context(|| format!("{kind:?} {clip}"))?;
-                worst = worst.max(rel);
-                if rel > MAX_REL_L2 {
+                let bound = if feature_err <= MAX_REL_L2 {
+                    MAX_REL_L2
+                } else {
+                    eprintln!(
+                        "{test}: {kind:?} {clip}: features {feature_err:.2e} from NeMo's \
+                         (ill-conditioned), encoder {rel:.2e}"
+                    );
+                    ENCODER_OVER_FEATURE_ERROR * feature_err
+                };
+                if feature_err <= MAX_REL_L2 {
+                    worst = worst.max(rel);
+                }
+                if rel > bound || feature_err > MAX_FEATURE_REL_L2 {
                     failures.push(format!(
-                        "{} {kind:?} {clip}: {rel:.3e}",
+                        "{} {kind:?} {clip}: encoder {rel:.3e} (bound {bound:.1e}), \
+                         features {feature_err:.3e}",
                         model_dir.display()
                     ));
                 }
             }
             eprintln!(
-                "{test}: {} {kind:?}: max encoder relative L2 {worst:.2e}",
+                "{test}: {} {kind:?}: max encoder relative L2 {worst:.2e} (well-conditioned clips)",
                 model_dir.display()
             );
         }
     }
     ensure!(
         failures.is_empty(),
-        "encoder relative L2 above {MAX_REL_L2}:\n{}",
+        "encoder output too far from NeMo's:\n{}",
         failures.join("\n")
     );
     Ok(())
@@ -506,15 +547,7 @@ fn settings_come_from_the_checkpoint_and_options() -> Result<()> {
         shape == [feats.n_mels, feats.n_frames],
         "reflect features {shape:?}"
     );
-    let (err, norm) = feats
-        .data
-        .iter()
-        .zip(&reference)
-        .fold((0.0f64, 0.0f64), |(e, n), (x, r)| {
-            let (x, r) = (f64::from(*x), f64::from(*r));
-            (e + (x - r) * (x - r), n + r * r)
-        });
-    let rel = (err / norm).sqrt();
+    let rel = rel_l2(&feats.data, &reference);
     ensure!(rel <= MAX_REL_L2, "reflect features relative L2 {rel:.3e}");
 
     let wrong = OnnxOptions {
