@@ -31,6 +31,7 @@ impl LoadLock {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -176,6 +176,7 @@ pub fn ensure_daemon(gpu: u32, dirs: &MpsDirs) -> Result<bool, FleetError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

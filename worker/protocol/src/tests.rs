@@ -1,3 +1,5 @@
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
 use std::io::Cursor;
 
 use models::transcript::{DecodedToken, Hypothesis};

@@ -1,3 +1,5 @@
+#![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
 use super::*;
 
 const MS: Duration = Duration::from_millis(1);
