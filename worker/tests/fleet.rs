@@ -141,3 +141,82 @@ fn fleet_transcriber_equals_the_in_process_engine() -> Result<()> {
     }
     Ok(())
 }
+
+/// A group marked as MPS without a GPU: no daemon and no CUDA environment, but the group
+/// semantics apply, so a crash of one worker restarts both, and nothing is lost.
+#[test]
+fn mps_group_restarts_every_worker_on_one_failure() -> Result<()> {
+    let clips = clips()?;
+    let (_, expected) = reference(&clips)?;
+    let dir = tempfile::tempdir()?;
+    let mut cfg = config(dir.path(), 2);
+    cfg.groups[0].mps = Some(worker_fleet::mps::MpsConfig {
+        pipe_root: dir.path().join("mps-pipe"),
+        log_root: dir.path().join("mps-log"),
+        active_thread_percentage: None,
+    });
+    let fleet = Fleet::start(cfg)?;
+    fleet.wait_all_ready(Duration::from_secs(120))?;
+    let before: Vec<Option<u32>> = fleet.status().iter().map(|s| s.pid).collect();
+    signal(before[0].expect("running"), Signal::KILL);
+    let work: Vec<&[f32]> = clips.iter().map(|(_, pcm)| pcm.as_slice()).collect();
+    for (i, r) in fleet.transcribe(&work).into_iter().enumerate() {
+        assert_eq!(r?.hypothesis, expected[i], "clip {}", clips[i].0);
+    }
+    ensure!(
+        wait_until(Duration::from_secs(10), || fleet
+            .restarts(RestartCause::Group)
+            >= 1),
+        "the healthy worker of the group was not restarted"
+    );
+    fleet.wait_all_ready(Duration::from_secs(60))?;
+    let after: Vec<Option<u32>> = fleet.status().iter().map(|s| s.pid).collect();
+    assert_ne!(after[0], before[0]);
+    assert_ne!(
+        after[1], before[1],
+        "group restart replaced the survivor too"
+    );
+    Ok(())
+}
+
+#[test]
+fn model_loading_waits_for_the_load_lock() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let cfg = config(dir.path(), 2);
+    let held = worker_fleet::LoadLock::try_acquire(&cfg.load_lock)?.expect("free");
+    let fleet = Fleet::start(cfg)?;
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        fleet.status().iter().all(|s| s.pid.is_none()),
+        "no worker spawned while another process loads"
+    );
+    drop(held);
+    fleet.wait_all_ready(Duration::from_secs(120))?;
+    Ok(())
+}
+
+#[test]
+fn garbage_on_a_fleet_workers_socket_changes_nothing() -> Result<()> {
+    use std::io::Write;
+    let clips = clips()?;
+    let (_, expected) = reference(&clips[..2])?;
+    let dir = tempfile::tempdir()?;
+    let fleet = Fleet::start(config(dir.path(), 1))?;
+    fleet.wait_all_ready(Duration::from_secs(120))?;
+    let pid = fleet.status()[0].pid;
+    for junk in [
+        &b"\xff\xff\xff\xffjunk"[..],
+        b"\x00\x00\x00\x03abc",
+        b"hello worker",
+    ] {
+        let mut s = std::os::unix::net::UnixStream::connect(dir.path().join("cpu-0.sock"))?;
+        s.write_all(junk)?;
+    }
+    let work: Vec<&[f32]> = clips[..2].iter().map(|(_, pcm)| pcm.as_slice()).collect();
+    for (i, r) in fleet.transcribe(&work).into_iter().enumerate() {
+        assert_eq!(r?.hypothesis, expected[i]);
+    }
+    assert_eq!(fleet.status()[0].pid, pid);
+    assert_eq!(fleet.status()[0].restarts, 0);
+    Ok(())
+}
