@@ -49,7 +49,7 @@ impl ServerContext {
         let busy = self.engine.busy_for();
         HealthReport {
             nonce,
-            state: if busy >= self.wedge_after {
+            state: if !busy.is_zero() && busy >= self.wedge_after {
                 WorkerState::Wedged
             } else {
                 WorkerState::Ready

@@ -1,9 +1,11 @@
-//! One connection to a worker: handshake, then a writer behind a mutex and a reader thread that
+//! One connection to a worker: handshake, then a writer thread fed by a channel (so sending
+//! never blocks the fleet's lock, even when the worker stopped reading) and a reader thread that
 //! hands every incoming message to a callback.
 
+use std::io::ErrorKind;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::mpsc;
 use std::time::Duration;
 
 use worker_protocol::{
@@ -13,38 +15,47 @@ use worker_protocol::{
 
 use crate::error::FleetError;
 
-pub(crate) struct Connection {
-    writer: Mutex<UnixStream>,
-}
-
-/// A blocked writer (a stopped worker with a full socket buffer) must not hold the fleet.
+/// A worker that does not drain its socket for this long is stuck.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
 
-impl Connection {
-    /// Connects and handshakes; returns the worker's description and a stream for reading.
-    pub(crate) fn open(
-        socket: &Path,
-        handshake_timeout: Duration,
-    ) -> Result<(Self, WorkerInfo, UnixStream), FleetError> {
-        let stream = UnixStream::connect(socket).map_err(FleetError::io("connecting", socket))?;
-        let mut reader = stream
-            .try_clone()
-            .map_err(FleetError::io("cloning", socket))?;
-        let mut writer = stream;
-        writer
-            .set_write_timeout(Some(WRITE_TIMEOUT))
-            .map_err(FleetError::io("configuring", socket))?;
-        reader
-            .set_read_timeout(Some(handshake_timeout))
-            .map_err(FleetError::io("configuring", socket))?;
+/// Why a connection's writer stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WriteFailure {
+    /// The write timed out: the worker stopped reading.
+    Stalled,
+    /// The connection is gone.
+    Broken,
+}
+
+pub(crate) struct Connection {
+    outbox: mpsc::Sender<ClientMessage>,
+    stream: UnixStream,
+}
+
+/// A connected, handshaken worker before its threads start.
+pub(crate) struct Opened {
+    pub(crate) info: WorkerInfo,
+    stream: UnixStream,
+}
+
+impl Opened {
+    /// Connects and handshakes within `timeout`.
+    pub(crate) fn connect(socket: &Path, timeout: Duration) -> Result<Self, FleetError> {
+        let mut stream =
+            UnixStream::connect(socket).map_err(FleetError::io("connecting", socket))?;
+        let configure = FleetError::io("configuring", socket);
+        stream
+            .set_read_timeout(Some(timeout))
+            .and_then(|()| stream.set_write_timeout(Some(WRITE_TIMEOUT)))
+            .map_err(configure)?;
         write_frame(
-            &mut writer,
+            &mut stream,
             &ClientMessage::Hello {
                 version: PROTOCOL_VERSION,
                 client: "worker-fleet".into(),
             },
         )?;
-        let info = match read_frame::<WorkerMessage>(&mut reader)? {
+        let info = match read_frame::<WorkerMessage>(&mut stream)? {
             WorkerMessage::Hello { version, worker } if version == PROTOCOL_VERSION => worker,
             WorkerMessage::Hello { version, .. } => {
                 return Err(ProtocolError::VersionMismatch {
@@ -55,36 +66,75 @@ impl Connection {
             }
             other => return Err(ProtocolError::Unexpected(format!("{other:?}")).into()),
         };
-        reader
+        stream
             .set_read_timeout(None)
             .map_err(FleetError::io("configuring", socket))?;
-        let conn = Self {
-            writer: Mutex::new(writer),
-        };
-        Ok((conn, info, reader))
+        Ok(Self { info, stream })
     }
 
-    pub(crate) fn send(&self, message: &ClientMessage) -> Result<(), ProtocolError> {
-        let mut writer = self
-            .writer
-            .lock()
-            .map_err(|_| ProtocolError::Unexpected("writer lock poisoned".into()))?;
-        write_frame(&mut *writer, message)
+    /// Starts the writer and reader threads. `on_message` gets every message; `on_end` is
+    /// called once per thread that stops (reader: `Broken`; writer: why it failed).
+    pub(crate) fn start(
+        self,
+        name: &str,
+        on_message: impl FnMut(WorkerMessage) + Send + 'static,
+        on_end: impl Fn(WriteFailure, String) + Send + Sync + Clone + 'static,
+    ) -> std::io::Result<Connection> {
+        let reader = self.stream.try_clone()?;
+        let mut writer = self.stream.try_clone()?;
+        let (outbox, queue) = mpsc::channel::<ClientMessage>();
+        let on_write_end = on_end.clone();
+        std::thread::Builder::new()
+            .name(format!("{name}-writer"))
+            .spawn(move || {
+                for message in queue {
+                    if let Err(e) = write_frame(&mut writer, &message) {
+                        let failure = match &e {
+                            ProtocolError::Io(io)
+                                if matches!(
+                                    io.kind(),
+                                    ErrorKind::WouldBlock | ErrorKind::TimedOut
+                                ) =>
+                            {
+                                WriteFailure::Stalled
+                            }
+                            _ => WriteFailure::Broken,
+                        };
+                        on_write_end(failure, e.to_string());
+                        return;
+                    }
+                }
+            })?;
+        std::thread::Builder::new()
+            .name(format!("{name}-reader"))
+            .spawn(move || {
+                let end = read_loop(reader, on_message);
+                on_end(WriteFailure::Broken, end.to_string());
+            })?;
+        Ok(Connection {
+            outbox,
+            stream: self.stream,
+        })
     }
 
-    /// Unblocks the reader thread and fails further writes.
-    pub(crate) fn close(&self) {
-        if let Ok(writer) = self.writer.lock() {
-            let _ = writer.shutdown(std::net::Shutdown::Both);
-        }
+    pub(crate) fn close(self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
 }
 
-/// Reads until the stream ends or fails, passing each message to `on_message`.
-pub(crate) fn read_loop(
-    mut reader: UnixStream,
-    mut on_message: impl FnMut(WorkerMessage),
-) -> ProtocolError {
+impl Connection {
+    /// Queues a message; fails only when the writer has stopped.
+    pub(crate) fn send(&self, message: ClientMessage) -> Result<(), WriteFailure> {
+        self.outbox.send(message).map_err(|_| WriteFailure::Broken)
+    }
+
+    /// Ends both threads (the reader sees end of stream, the writer a closed socket).
+    pub(crate) fn close(&self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+fn read_loop(mut reader: UnixStream, mut on_message: impl FnMut(WorkerMessage)) -> ProtocolError {
     loop {
         match read_frame::<WorkerMessage>(&mut reader) {
             Ok(message) => on_message(message),

@@ -6,7 +6,6 @@
 //! them back to the front of the waiting queue.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::io::ErrorKind;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
@@ -14,11 +13,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use worker_protocol::{
-    Audio, ClientMessage, ModelInfo, ProtocolError, TranscribeRequest, TranscribeResponse,
-    WireErrorKind, WorkerMessage, WorkerState,
+    Audio, ClientMessage, ModelInfo, TranscribeRequest, TranscribeResponse, WireErrorKind,
+    WorkerMessage, WorkerState,
 };
 
-use crate::client::{read_loop, Connection};
+use crate::client::{Connection, Opened, WriteFailure};
 use crate::config::FleetConfig;
 use crate::error::FleetError;
 use crate::load_lock::LoadLock;
@@ -401,28 +400,18 @@ fn dispatch(shared: &Shared, state: &mut State) {
         req.sent_at = Some(Instant::now());
         slot.outstanding.insert(id);
         slot.outstanding_frames += req.pcm.len() / HOP_SAMPLES + 1;
-        if let Err(cause) = send(slot.conn.as_deref(), &message) {
+        if let Err(cause) = send(slot.conn.as_deref(), message) {
             // The monitor restarts it and re-queues what it held, this request included.
             slot.broken = Some(cause);
         }
     }
 }
 
-/// Sends on a worker's connection. A write that times out means the worker stopped reading
-/// (stuck); any other failure means the connection is gone (crashed).
-fn send(conn: Option<&Connection>, message: &ClientMessage) -> Result<(), RestartCause> {
-    let Some(conn) = conn else {
-        return Err(RestartCause::Crashed);
-    };
-    match conn.send(message) {
-        Ok(()) => Ok(()),
-        Err(ProtocolError::Io(e))
-            if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
-        {
-            Err(RestartCause::Stuck)
-        }
-        Err(_) => Err(RestartCause::Crashed),
-    }
+/// Queues a message for a worker's writer thread (never blocks).
+fn send(conn: Option<&Connection>, message: ClientMessage) -> Result<(), RestartCause> {
+    conn.ok_or(RestartCause::Crashed)?
+        .send(message)
+        .map_err(|_| RestartCause::Crashed)
 }
 
 /// Takes a request off its slot's books.
@@ -643,7 +632,7 @@ fn tick(shared: &Shared, state: &mut State) -> Vec<(usize, u64, PathBuf)> {
                     fail_slot(shared, state, i, RestartCause::Stuck);
                 } else if s.ping.is_none() && now - s.last_ping >= cfg.health_interval {
                     let nonce = now.elapsed().as_nanos() as u64 ^ (i as u64) << 48 ^ s.generation;
-                    let sent = send(s.conn.as_deref(), &ClientMessage::Health { nonce });
+                    let sent = send(s.conn.as_deref(), ClientMessage::Health { nonce });
                     let s = &mut state.slots[i];
                     s.last_ping = now;
                     s.ping = Some((nonce, now));
@@ -698,45 +687,51 @@ fn tick(shared: &Shared, state: &mut State) -> Vec<(usize, u64, PathBuf)> {
 }
 
 fn try_connect(shared: &Arc<Shared>, slot: usize, generation: u64, socket: &std::path::Path) {
-    let opened = Connection::open(socket, HANDSHAKE_TIMEOUT);
+    let opened = Opened::connect(socket, HANDSHAKE_TIMEOUT);
     let mut state = shared.lock();
-    let s = &mut state.slots[slot];
-    if s.generation != generation || !matches!(s.phase, Phase::Starting { .. }) {
-        if let Ok((conn, _, _)) = opened {
-            conn.close();
-        }
-        return;
-    }
-    let (conn, info, reader) = match opened {
-        Ok(v) => v,
+    let current = state.slots[slot].generation == generation
+        && matches!(state.slots[slot].phase, Phase::Starting { .. });
+    let opened = match opened {
+        Ok(opened) if current => opened,
+        Ok(stale) => return stale.close(),
         Err(e) => {
             tracing::debug!(slot, error = %e, "worker not accepting yet");
             return;
         }
     };
-    let conn = Arc::new(conn);
-    let weak = Arc::downgrade(shared);
-    let spawned = std::thread::Builder::new()
-        .name(format!("fleet-reader-{slot}"))
-        .spawn(move || {
-            let end = read_loop(reader, |message| {
-                if let Some(shared) = weak.upgrade() {
-                    on_message(&shared, slot, generation, message);
-                }
-            });
-            if let Some(shared) = weak.upgrade() {
-                let mut state = shared.lock();
-                if state.slots[slot].generation == generation {
-                    tracing::warn!(slot, error = %end, "worker connection ended");
-                    state.slots[slot].broken = Some(RestartCause::Crashed);
-                }
+    let info = opened.info.clone();
+    let (on_msg, on_end) = (Arc::downgrade(shared), Arc::downgrade(shared));
+    let started = opened.start(
+        &format!("fleet-{slot}"),
+        move |message| {
+            if let Some(shared) = on_msg.upgrade() {
+                on_message(&shared, slot, generation, message);
             }
-        });
-    if spawned.is_err() {
-        conn.close();
-        return;
-    }
-    s.conn = Some(conn);
+        },
+        move |failure, detail| {
+            let Some(shared) = on_end.upgrade() else {
+                return;
+            };
+            let mut state = shared.lock();
+            let s = &mut state.slots[slot];
+            if s.generation == generation && s.broken.is_none() {
+                tracing::warn!(slot, ?failure, %detail, "worker connection ended");
+                s.broken = Some(match failure {
+                    WriteFailure::Stalled => RestartCause::Stuck,
+                    WriteFailure::Broken => RestartCause::Crashed,
+                });
+            }
+        },
+    );
+    let conn = match started {
+        Ok(conn) => conn,
+        Err(e) => {
+            tracing::error!(slot, error = %e, "starting connection threads");
+            return;
+        }
+    };
+    let s = &mut state.slots[slot];
+    s.conn = Some(Arc::new(conn));
     s.phase = Phase::Ready; // drops the load lock: the next worker may load
     s.last_ping = Instant::now();
     if state.model.is_none() {
