@@ -12,7 +12,8 @@
 //!    size. The anchor alone may exceed the budget (it runs by itself).
 //! 4. The batch runs now if it reaches a preferred size (trimmed to the largest preferred size
 //!    it reaches), if the budget stopped it while more requests wait, or if the anchor has
-//!    waited `max_wait`. Otherwise the caller waits until the anchor's wait runs out.
+//!    waited `max_wait`. Otherwise the caller waits until the anchor's wait runs out (or the
+//!    earliest deadline, to answer it on time).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -171,7 +172,9 @@ impl<T> BatchQueue<T> {
         } else if budget_hit || now >= due_at {
             chosen.len()
         } else {
-            return Decision::WaitUntil(due_at);
+            // Wake for whichever comes first: the anchor's wait or someone's deadline.
+            let earliest_deadline = self.queue.iter().filter_map(|q| q.deadline).min();
+            return Decision::WaitUntil(earliest_deadline.map_or(due_at, |d| d.min(due_at)));
         };
         // `chosen` is in preference order: the anchor, then nearest buckets.
         chosen.truncate(take);

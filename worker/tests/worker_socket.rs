@@ -160,3 +160,50 @@ fn probe_says_cuda_probing_is_not_in_this_build() -> Result<()> {
     assert!(text.contains("engine cuda: not available"), "{text}");
     Ok(())
 }
+
+#[test]
+fn cancel_and_deadline_answer_without_running() -> Result<()> {
+    let clips = clips()?;
+    let (_, expected) = reference(&clips[..1])?;
+    let dir = tempfile::tempdir()?;
+    // Two requests never reach a preferred size: they wait the full 3 s unless answered early.
+    let worker = WorkerProcess::start(dir.path(), &["--max-batch-wait-ms", "3000"])?;
+    let mut s = worker.connect()?;
+    let started = std::time::Instant::now();
+    for (id, deadline_ms) in [(1u64, None), (2, Some(100)), (3, None)] {
+        let audio = Audio::Pcm16k(clips[0].1.clone());
+        write_frame(
+            &mut s,
+            &ClientMessage::Transcribe(TranscribeRequest {
+                id,
+                audio,
+                deadline_ms,
+            }),
+        )?;
+    }
+    write_frame(&mut s, &ClientMessage::Cancel { id: 3 })?;
+    let mut seen = HashMap::new();
+    while seen.len() < 3 {
+        match read_frame::<WorkerMessage>(&mut s)? {
+            WorkerMessage::Result(r) => {
+                assert_eq!(r.hypothesis, expected[0]);
+                seen.insert(r.id, ("result".to_string(), started.elapsed()));
+            }
+            WorkerMessage::Error {
+                id: Some(id),
+                error,
+            } => {
+                seen.insert(id, (format!("{:?}", error.kind), started.elapsed()));
+            }
+            other => bail!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(seen[&3].0, "Cancelled");
+    assert_eq!(seen[&2].0, "DeadlineExceeded");
+    assert!(
+        seen[&2].1.as_millis() < 2000,
+        "answered at its deadline, not the batch wait"
+    );
+    assert_eq!(seen[&1].0, "result", "the rest still runs");
+    Ok(())
+}

@@ -168,3 +168,17 @@ fn expired_requests_are_taken_out_before_batching() {
     assert_eq!(expired.iter().map(|q| q.key).collect::<Vec<_>>(), vec![1]);
     assert_eq!(queue.len(), 1);
 }
+
+#[test]
+fn waiting_wakes_for_the_earliest_deadline() {
+    let t0 = Instant::now();
+    let mut queue = BatchQueue::new(config(100_000));
+    queue.push(q(1, 100, t0));
+    let mut urgent = q(2, 100, t0);
+    urgent.deadline = Some(t0 + 10 * MS);
+    queue.push(urgent);
+    match queue.next_batch(t0) {
+        Decision::WaitUntil(t) => assert_eq!(t, t0 + 10 * MS),
+        other => panic!("{other:?}"),
+    }
+}
