@@ -6,6 +6,10 @@
 // padding at its end). Output frames past the stage's own length are computed anyway; the next
 // stage (and the encoder's masks) never read them.
 
+// Launch shape of both convolutions: blockIdx.x = b * out_time + t (one output frame), and
+// blockIdx.y * blockDim.x + threadIdx.x = f * channels + c within the frame, so the index math is
+// 32-bit and channel-contiguous (coalesced stores).
+
 // First convolution, one input channel: x [batch, time, freq] f32 (features, time-major);
 // weight [channels, 9] f32, bias [channels] f32; y [batch, out_time, out_freq, channels] bf16,
 // ReLU applied.
@@ -13,30 +17,27 @@ extern "C" __global__ void subsample_conv0_relu(const float* x, const int* lengt
                                                 const float* weight, const float* bias, int batch,
                                                 int time, int freq, int channels, int out_time,
                                                 int out_freq, bf16_t* y) {
-    const long long n = (long long)batch * out_time * out_freq * channels;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        const int c = (int)(i % channels);
-        long long rest = i / channels;
-        const int f = (int)(rest % out_freq);
-        rest /= out_freq;
-        const int t = (int)(rest % out_time);
-        const int b = (int)(rest / out_time);
-        const int valid = min(max(lengths[b], 0), time);
-        const float* w = weight + c * 9;
-        const float* xb = x + (long long)b * time * freq;
-        float acc = bias[c];
-        for (int ki = 0; ki < 3; ++ki) {
-            const int r = 2 * t + ki - 1;
-            if (r < 0 || r >= valid) continue;
-            for (int kj = 0; kj < 3; ++kj) {
-                const int col = 2 * f + kj - 1;
-                if (col < 0 || col >= freq) continue;
-                acc += w[ki * 3 + kj] * xb[(long long)r * freq + col];
-            }
+    const int frame = blockIdx.x;
+    const int within = blockIdx.y * blockDim.x + threadIdx.x;
+    if (within >= out_freq * channels) return;
+    const int c = within % channels;
+    const int f = within / channels;
+    const int t = frame % out_time;
+    const int b = frame / out_time;
+    const int valid = min(max(lengths[b], 0), time);
+    const float* w = weight + c * 9;
+    const float* xb = x + (long long)b * time * freq;
+    float acc = bias[c];
+    for (int ki = 0; ki < 3; ++ki) {
+        const int r = 2 * t + ki - 1;
+        if (r < 0 || r >= valid) continue;
+        for (int kj = 0; kj < 3; ++kj) {
+            const int col = 2 * f + kj - 1;
+            if (col < 0 || col >= freq) continue;
+            acc += w[ki * 3 + kj] * xb[(long long)r * freq + col];
         }
-        y[i] = f32_to_bf16(fmaxf(acc, 0.0f));
     }
+    y[(long long)frame * out_freq * channels + within] = f32_to_bf16(fmaxf(acc, 0.0f));
 }
 
 // Depthwise convolution of every channel: x [batch, time, freq, channels] bf16 -> y
@@ -45,30 +46,28 @@ extern "C" __global__ void subsample_depthwise(const bf16_t* x, const int* lengt
                                                const float* weight, const float* bias, int batch,
                                                int time, int freq, int channels, int out_time,
                                                int out_freq, bf16_t* y) {
-    const long long n = (long long)batch * out_time * out_freq * channels;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        const int c = (int)(i % channels);
-        long long rest = i / channels;
-        const int f = (int)(rest % out_freq);
-        rest /= out_freq;
-        const int t = (int)(rest % out_time);
-        const int b = (int)(rest / out_time);
-        const int valid = min(max(lengths[b], 0), time);
-        const float* w = weight + c * 9;
-        const bf16_t* xb = x + (long long)b * time * freq * channels + c;
-        float acc = bias[c];
-        for (int ki = 0; ki < 3; ++ki) {
-            const int r = 2 * t + ki - 1;
-            if (r < 0 || r >= valid) continue;
-            for (int kj = 0; kj < 3; ++kj) {
-                const int col = 2 * f + kj - 1;
-                if (col < 0 || col >= freq) continue;
-                acc += w[ki * 3 + kj] * bf16_to_f32(xb[((long long)r * freq + col) * channels]);
-            }
+    const int frame = blockIdx.x;
+    const int within = blockIdx.y * blockDim.x + threadIdx.x;
+    if (within >= out_freq * channels) return;
+    const int c = within % channels;
+    const int f = within / channels;
+    const int t = frame % out_time;
+    const int b = frame / out_time;
+    const int valid = min(max(lengths[b], 0), time);
+    const float* w = weight + c * 9;
+    const bf16_t* xb = x + (long long)b * time * freq * channels + c;
+    float acc = bias[c];
+    for (int ki = 0; ki < 3; ++ki) {
+        const int r = 2 * t + ki - 1;
+        if (r < 0 || r >= valid) continue;
+        const bf16_t* row = xb + (long long)r * freq * channels;
+        for (int kj = 0; kj < 3; ++kj) {
+            const int col = 2 * f + kj - 1;
+            if (col < 0 || col >= freq) continue;
+            acc += w[ki * 3 + kj] * bf16_to_f32(row[col * channels]);
         }
-        y[i] = f32_to_bf16(acc);
     }
+    y[(long long)frame * out_freq * channels + within] = f32_to_bf16(acc);
 }
 
 // In-place ReLU over n elements (after the pointwise convolution's bias epilogue).

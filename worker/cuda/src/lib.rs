@@ -20,7 +20,7 @@ mod ops;
 
 pub use cudarc::driver::CudaSlice;
 pub use device::{check_cuda_libraries, CudaEngine};
-pub use encoder::{EncoderInput, EncoderOutput, GpuEncoder};
+pub use encoder::{EncoderInput, EncoderOutput, GpuEncoder, StageTimes};
 pub use error::{CudaEngineError, Result};
 pub use fold::{fold_batch_norm, BatchNorm, FoldedDepthwise};
 pub use half::bf16;

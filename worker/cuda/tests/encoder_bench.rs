@@ -240,6 +240,17 @@ fn encoder_throughput_full_size_random_weights() -> Result<()> {
             audio / median
         );
         anyhow::ensure!(finite, "non-finite encoder output");
+        let (_, stages) = encoder.run_profiled(&engine, &input)?;
+        eprintln!(
+            "RESULT stages batch={batch} x {seconds} s (synchronized after each stage, ms): \
+             subsampling+workspace {:.2}, feed-forward x2 {:.2}, attention {:.2}, conv {:.2}, \
+             residual+LayerNorm {:.2}",
+            stages.subsampling_s * 1e3,
+            stages.feed_forward_s * 1e3,
+            stages.attention_s * 1e3,
+            stages.conv_s * 1e3,
+            stages.norms_s * 1e3
+        );
     }
     Ok(())
 }

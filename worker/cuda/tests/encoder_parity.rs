@@ -194,6 +194,16 @@ fn gpu_encoder_matches_cpu_and_nemo_at_batch_one_and_in_a_mixed_batch() -> Resul
             failures.push(format!("batched vs single {clip}: {diff:.3e}"));
         }
     }
+    // A second pass of the same shape reuses the cached workspace and must repeat itself exactly.
+    let again = fixture.gpu.encode(&engine, &all)?;
+    for ((clip, a), b) in CLIPS.iter().zip(&again).zip(&batched) {
+        if a.data != b.data {
+            failures.push(format!(
+                "second pass differs on {clip}: {:.3e}",
+                rel_l2(a, b)
+            ));
+        }
+    }
     ensure!(failures.is_empty(), "out of tolerance: {failures:#?}");
 
     // Tokens: the GPU encoder output through the CPU decoder against the CPU engine. The random

@@ -6,6 +6,7 @@ use cudarc::driver::CudaSlice;
 use models::checkpoint::TensorMap;
 use models::config::EncoderConfig;
 
+use super::profile::{lap, Laps, Stage};
 use super::weights::{DeviceDepthwise, DeviceLayerNorm, DeviceLinear};
 use super::workspace::Workspace;
 use crate::device::CudaEngine;
@@ -99,7 +100,7 @@ impl SelfAttention {
             } else {
                 format!("encoder.{name}")
             };
-            Ok(engine.upload(&tensors.get(&key, &[cfg.n_heads, head_dim])?.data)?)
+            engine.upload(&tensors.get(&key, &[cfg.n_heads, head_dim])?.data)
         };
         Ok(Self {
             qkv: DeviceLinear::new(
@@ -302,8 +303,13 @@ impl ConformerLayer {
         })
     }
 
-    /// Updates `ws.x` in place.
-    pub(crate) fn forward(&self, engine: &CudaEngine, ws: &mut Workspace) -> Result<()> {
+    /// Updates `ws.x` in place; `laps` (when profiling) gets each stage's time.
+    pub(crate) fn forward(
+        &self,
+        engine: &CudaEngine,
+        ws: &mut Workspace,
+        laps: &mut Option<Laps>,
+    ) -> Result<()> {
         let shape = ws.shape;
         let rows = shape.batch * shape.time;
         let row_shape = RowShape {
@@ -316,7 +322,9 @@ impl ConformerLayer {
             row_shape,
             &mut ws.normed,
         )?;
+        lap(laps, engine, Stage::Norms)?;
         self.feed_forward1.forward(engine, ws, rows)?;
+        lap(laps, engine, Stage::FeedForward)?;
         add_and_norm(
             engine,
             ws,
@@ -324,11 +332,17 @@ impl ConformerLayer {
             &self.norm_self_att,
             row_shape,
         )?;
+        lap(laps, engine, Stage::Norms)?;
         self.self_attn.forward(engine, ws)?;
+        lap(laps, engine, Stage::Attention)?;
         add_and_norm(engine, ws, 1.0, &self.norm_conv, row_shape)?;
+        lap(laps, engine, Stage::Norms)?;
         self.conv.forward(engine, ws)?;
+        lap(laps, engine, Stage::Conv)?;
         add_and_norm(engine, ws, 1.0, &self.norm_feed_forward2, row_shape)?;
+        lap(laps, engine, Stage::Norms)?;
         self.feed_forward2.forward(engine, ws, rows)?;
+        lap(laps, engine, Stage::FeedForward)?;
         engine.add_layer_norm_f32_inplace(
             &mut ws.x,
             ResidualF32 {
@@ -337,7 +351,8 @@ impl ConformerLayer {
             },
             &self.norm_out.weights(),
             row_shape,
-        )
+        )?;
+        lap(laps, engine, Stage::Norms)
     }
 }
 

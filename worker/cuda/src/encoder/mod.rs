@@ -7,9 +7,12 @@
 
 mod layer;
 mod pos_table;
+mod profile;
 mod subsampling;
 mod weights;
 mod workspace;
+
+use std::sync::{Mutex, PoisonError};
 
 use cudarc::driver::CudaSlice;
 use models::checkpoint::{Checkpoint, TensorMap};
@@ -19,18 +22,21 @@ use models::tdt::EncodedUtterance;
 use models::ModelError;
 
 use crate::device::CudaEngine;
-use crate::error::{CudaEngineError, Result};
+use crate::error::{CudaEngineError, DriverContext, Result};
 use crate::ops::HeadShape;
 use layer::ConformerLayer;
+pub use profile::StageTimes;
+use profile::{lap, Laps, Stage};
 use subsampling::{StageLengths, Subsampling};
-use weights::upload_bf16;
-use workspace::Workspace;
+use workspace::{Workspace, WorkspaceSize};
 
 /// Encoder weights on one GPU, converted once from a checkpoint.
 pub struct GpuEncoder {
     cfg: EncoderConfig,
     subsampling: Subsampling,
     layers: Vec<ConformerLayer>,
+    /// The last pass's buffers, reused while the padded shape stays the same.
+    workspace: Mutex<Option<Workspace>>,
 }
 
 /// A batch of features on the device: `[batch, time, feat_in]` f32, zero-padded.
@@ -69,7 +75,7 @@ impl GpuEncoder {
         }
         if cfg.n_heads == 0
             || !cfg.d_model.is_multiple_of(cfg.n_heads)
-            || cfg.conv_kernel_size % 2 == 0
+            || cfg.conv_kernel_size.is_multiple_of(2)
         {
             return Err(ModelError::InvalidConfig {
                 file: tensors.source.clone(),
@@ -88,6 +94,7 @@ impl GpuEncoder {
             cfg: cfg.clone(),
             subsampling: Subsampling::load(engine, tensors, cfg)?,
             layers,
+            workspace: Mutex::new(None),
         })
     }
 
@@ -132,6 +139,27 @@ impl GpuEncoder {
 
     /// The forward pass, all on the engine's stream (nothing waits for the GPU).
     pub fn run(&self, engine: &CudaEngine, input: &EncoderInput) -> Result<EncoderOutput> {
+        self.forward(engine, input, &mut None)
+    }
+
+    /// [`GpuEncoder::run`] with a stream synchronize after every stage, to see where time goes.
+    pub fn run_profiled(
+        &self,
+        engine: &CudaEngine,
+        input: &EncoderInput,
+    ) -> Result<(EncoderOutput, StageTimes)> {
+        let mut laps = Some(Laps::start(engine)?);
+        let output = self.forward(engine, input, &mut laps)?;
+        let times = laps.map(|l| l.times).unwrap_or_default();
+        Ok((output, times))
+    }
+
+    fn forward(
+        &self,
+        engine: &CudaEngine,
+        input: &EncoderInput,
+        laps: &mut Option<Laps>,
+    ) -> Result<EncoderOutput> {
         let d = self.cfg.d_model;
         let time = self.subsampling.out_time(input.time);
         let frames = input
@@ -155,26 +183,47 @@ impl GpuEncoder {
             heads: self.cfg.n_heads,
             head_dim: d / self.cfg.n_heads,
         };
-        let lengths = input
+        let size = WorkspaceSize {
+            key: (input.batch, input.time),
+            shape,
+            ff_hidden: self.cfg.ff_hidden,
+            subsampling_elements: self.subsampling.scratch_elements(input.batch, input.time),
+        };
+        let mut cached = self
+            .workspace
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if cached.as_ref().is_none_or(|ws| ws.key != size.key) {
+            // Free the old buffers before sizing new ones.
+            *cached = None;
+            *cached = Some(Workspace::new(engine, &size)?);
+        }
+        let ws = cached.as_mut().expect("workspace was just set (bug)");
+        ws.lengths = input
             .lengths
             .device
             .last()
             .expect("stage lengths are never empty (bug)")
             .clone();
-        let mut ws = Workspace::new(engine, shape, self.cfg.ff_hidden, lengths)?;
         self.subsampling.forward(
             engine,
             &input.features,
             &input.lengths,
             (input.batch, input.time),
+            (&mut ws.subsampling_a, &mut ws.subsampling_b),
             &mut ws.x,
         )?;
-        ws.pos_table = upload_bf16(engine, &pos_table::relative_table(time, d))?;
+        lap(laps, engine, Stage::Subsampling)?;
         for layer in &self.layers {
-            layer.forward(engine, &mut ws)?;
+            layer.forward(engine, ws, laps)?;
         }
+        // A copy, so the cached workspace can serve the next pass (ordered on the same stream).
+        let x = engine
+            .stream()
+            .clone_dtod(&ws.x)
+            .context(|| "copying the encoder output".into())?;
         Ok(EncoderOutput {
-            x: ws.x,
+            x,
             batch: input.batch,
             time,
             d_model: d,

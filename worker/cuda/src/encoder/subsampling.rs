@@ -143,14 +143,22 @@ impl Subsampling {
         (0..self.n_stages()).fold(time, |t, _| stride2_out_len(t))
     }
 
+    /// Elements of each of the two scratch buffers `forward` needs: the first convolution's
+    /// output, the largest activation.
+    pub(crate) fn scratch_elements(&self, batch: usize, time: usize) -> usize {
+        batch * stride2_out_len(time) * stride2_out_len(self.feat_in) * self.channels
+    }
+
     /// `features` is `[batch, time, feat_in]` f32 (time-major, zero-padded); writes `x`
-    /// `[batch, out_time, d_model]` f32.
+    /// `[batch, out_time, d_model]` f32. `current` and `scratch` hold
+    /// [`Subsampling::scratch_elements`] each.
     pub(crate) fn forward(
         &self,
         engine: &CudaEngine,
         features: &CudaSlice<f32>,
         lengths: &StageLengths,
         (batch, time): (usize, usize),
+        (current, scratch): (&mut CudaSlice<bf16>, &mut CudaSlice<bf16>),
         x: &mut CudaSlice<f32>,
     ) -> Result<()> {
         let c = self.channels;
@@ -160,14 +168,13 @@ impl Subsampling {
             freq: self.feat_in,
             channels: c,
         };
-        let mut current = engine.zeros::<bf16>(shape.out_elements())?;
         engine.subsample_conv0_relu(
             features,
             &lengths.device[0],
             &self.conv0_weight,
             &self.conv0_bias,
             shape,
-            &mut current,
+            current,
         )?;
         for (s, stage) in self.stages.iter().enumerate() {
             shape = Conv2dShape {
@@ -177,25 +184,22 @@ impl Subsampling {
                 channels: c,
             };
             let n = shape.out_elements();
-            let mut depthwise = engine.zeros::<bf16>(n)?;
+            // current → scratch (depthwise) → current (pointwise, ReLU).
             engine.subsample_depthwise(
-                &current,
+                current,
                 &lengths.device[s + 1],
                 &stage.weight,
                 &stage.bias,
                 shape,
-                &mut depthwise,
+                scratch,
             )?;
-            let positions = n / c;
-            let mut pointwise = engine.zeros::<bf16>(n)?;
             stage
                 .pointwise
-                .forward_bf16(engine, &depthwise, positions, &mut pointwise)?;
-            engine.relu_inplace(&mut pointwise, n)?;
-            current = pointwise;
+                .forward_bf16(engine, scratch, n / c, current)?;
+            engine.relu_inplace(current, n)?;
         }
         let rows = batch * shape.out_time();
         debug_assert_eq!(shape.out_freq() * c, self.out.in_dim);
-        self.out.forward_f32(engine, &current, rows, x)
+        self.out.forward_f32(engine, current, rows, x)
     }
 }

@@ -1,14 +1,22 @@
-//! Device buffers of one forward pass, sized once for its padded shape and reused by every layer.
+//! Device buffers of one forward pass, sized for one padded shape `(batch, feature frames)` and
+//! reused by every layer and by later passes of the same shape (the encoder caches one).
 
 use cudarc::driver::CudaSlice;
 use half::bf16;
 
+use super::pos_table::relative_table;
+use super::weights::upload_bf16;
 use crate::device::CudaEngine;
 use crate::error::Result;
 use crate::ops::HeadShape;
 
 pub(crate) struct Workspace {
+    /// `(batch, padded feature frames)` this workspace was sized for.
+    pub(crate) key: (usize, usize),
     pub(crate) shape: HeadShape,
+    /// Subsampling activations, each sized for the first convolution's output.
+    pub(crate) subsampling_a: CudaSlice<bf16>,
+    pub(crate) subsampling_b: CudaSlice<bf16>,
     /// The fp32 residual stream `[batch, time, d]`.
     pub(crate) x: CudaSlice<f32>,
     /// LayerNorm output, the next block's input `[batch, time, d]`.
@@ -34,24 +42,31 @@ pub(crate) struct Workspace {
     pub(crate) conv_in: CudaSlice<bf16>,
     pub(crate) conv_gated: CudaSlice<bf16>,
     pub(crate) conv_out: CudaSlice<bf16>,
-    /// Valid encoder frames per utterance `[batch]`.
+    /// Valid encoder frames per utterance `[batch]` (set by every pass).
     pub(crate) lengths: CudaSlice<i32>,
 }
 
+/// What a workspace is sized from.
+pub(crate) struct WorkspaceSize {
+    pub(crate) key: (usize, usize),
+    pub(crate) shape: HeadShape,
+    pub(crate) ff_hidden: usize,
+    pub(crate) subsampling_elements: usize,
+}
+
 impl Workspace {
-    pub(crate) fn new(
-        engine: &CudaEngine,
-        shape: HeadShape,
-        ff_hidden: usize,
-        lengths: CudaSlice<i32>,
-    ) -> Result<Self> {
+    pub(crate) fn new(engine: &CudaEngine, size: &WorkspaceSize) -> Result<Self> {
+        let (shape, ff_hidden) = (size.shape, size.ff_hidden);
         let n = shape.elements();
         let rows = shape.batch * shape.time;
         let positions = shape.positions();
         let d = shape.d_model();
         let scores = shape.heads * shape.batch * shape.time * shape.time;
         Ok(Self {
+            key: size.key,
             shape,
+            subsampling_a: engine.zeros(size.subsampling_elements)?,
+            subsampling_b: engine.zeros(size.subsampling_elements)?,
             x: engine.zeros(n)?,
             normed: engine.zeros(n)?,
             branch: engine.zeros(n)?,
@@ -62,7 +77,7 @@ impl Workspace {
             q_v: engine.zeros(n)?,
             k: engine.zeros(n)?,
             v: engine.zeros(n)?,
-            pos_table: engine.zeros(positions * d)?,
+            pos_table: upload_bf16(engine, &relative_table(shape.time, d))?,
             pos_projected: engine.zeros(positions * d)?,
             pos_heads: engine.zeros(shape.batch * positions * d)?,
             scores_ac: engine.zeros(scores)?,
@@ -73,7 +88,7 @@ impl Workspace {
             conv_in: engine.zeros(2 * n)?,
             conv_gated: engine.zeros(n)?,
             conv_out: engine.zeros(n)?,
-            lengths,
+            lengths: engine.zeros(shape.batch)?,
         })
     }
 }

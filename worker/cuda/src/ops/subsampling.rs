@@ -1,10 +1,10 @@
 //! The dw_striding subsampling convolutions (3x3, stride 2, padding 1), channels-last.
 
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use half::bf16;
 
-use super::{check_len, to_i32, to_i64};
-use crate::device::{elementwise_config, CudaEngine};
+use super::{check_len, rows_for_grid, to_i32, to_i64};
+use crate::device::{elementwise_config, CudaEngine, BLOCK_THREADS};
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
 
@@ -40,6 +40,24 @@ impl Conv2dShape {
         self.batch * self.out_time() * self.out_freq() * self.channels
     }
 
+    /// One block row per output frame, `BLOCK_THREADS`-wide column blocks over `freq x channels`.
+    fn launch_config(&self, op: &'static str) -> Result<LaunchConfig> {
+        let frames = rows_for_grid(op, self.batch * self.out_time())?;
+        let per_frame = self.out_freq() * self.channels;
+        let column_blocks = u32::try_from(per_frame.div_ceil(BLOCK_THREADS as usize))
+            .ok()
+            .filter(|&n| n <= 65_535)
+            .ok_or_else(|| CudaEngineError::Shape {
+                op,
+                detail: format!("{self:?}: {per_frame} outputs per frame exceed the grid"),
+            })?;
+        Ok(LaunchConfig {
+            grid_dim: (frames, column_blocks, 1),
+            block_dim: (BLOCK_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    }
+
     fn kernel_args(&self, op: &'static str) -> Result<[i32; 6]> {
         if [self.batch, self.time, self.freq, self.channels].contains(&0) {
             return Err(CudaEngineError::Shape {
@@ -73,17 +91,19 @@ impl CudaEngine {
     ) -> Result<()> {
         const OP: &str = "subsample_conv0_relu";
         let dims = shape.kernel_args(OP)?;
+        let config = shape.launch_config(OP)?;
         check_len(OP, "x", x.len(), shape.batch * shape.time * shape.freq)?;
         check_conv_params(OP, lengths, weight, bias, shape)?;
         let n = shape.out_elements();
         check_len(OP, "y", y.len(), n)?;
         // SAFETY: signature (const float* x, const int* lengths, const float* weight,
         // const float* bias, int batch, int time, int freq, int channels, int out_time,
-        // int out_freq, bf16_t* y); every buffer was checked against these dimensions above.
+        // int out_freq, bf16_t* y); every buffer was checked against these dimensions above, and
+        // the grid covers exactly the output frames (threads past a frame's end return).
         unsafe {
             self.launch(
                 Kernel::SubsampleConv0Relu,
-                elementwise_config(n),
+                config,
                 || format!("{shape:?}"),
                 |args| {
                     args.arg(x).arg(lengths).arg(weight).arg(bias);
@@ -109,6 +129,7 @@ impl CudaEngine {
     ) -> Result<()> {
         const OP: &str = "subsample_depthwise";
         let dims = shape.kernel_args(OP)?;
+        let config = shape.launch_config(OP)?;
         check_len(
             OP,
             "x",
@@ -120,11 +141,12 @@ impl CudaEngine {
         check_len(OP, "y", y.len(), n)?;
         // SAFETY: signature (const bf16_t* x, const int* lengths, const float* weight,
         // const float* bias, int batch, int time, int freq, int channels, int out_time,
-        // int out_freq, bf16_t* y); every buffer was checked against these dimensions above.
+        // int out_freq, bf16_t* y); every buffer was checked against these dimensions above, and
+        // the grid covers exactly the output frames (threads past a frame's end return).
         unsafe {
             self.launch(
                 Kernel::SubsampleDepthwise,
-                elementwise_config(n),
+                config,
                 || format!("{shape:?}"),
                 |args| {
                     args.arg(x).arg(lengths).arg(weight).arg(bias);
