@@ -7,7 +7,9 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::batch_policy::BatchPolicyConfig;
 use crate::engine::EngineKind;
+use crate::engine::OnnxSettings;
 use crate::error::WorkerError;
+use crate::onnx_engine::OnnxProvider;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -32,12 +34,19 @@ pub struct ServeArgs {
     /// Unix socket to serve. It is created only after warm-up, so its existence means ready.
     #[arg(long, env = "WORKER_SOCKET")]
     pub socket: PathBuf,
-    /// The `.nemo` checkpoint.
+    /// The `.nemo` checkpoint (cpu engine) or the ONNX export directory (onnx engine).
     #[arg(long, env = "WORKER_MODEL")]
     pub model: PathBuf,
     /// Engine. A requested engine that is unavailable is a startup error, never a fallback.
     #[arg(long, env = "WORKER_ENGINE", value_enum, default_value = "cpu")]
     pub engine: EngineKind,
+    /// ONNX Runtime execution provider for `--engine onnx` (needs `ORT_DYLIB_PATH`). A GPU
+    /// provider that cannot be registered is a startup error.
+    #[arg(long, env = "WORKER_ONNX_PROVIDER", value_enum, default_value = "cpu")]
+    pub onnx_provider: OnnxProvider,
+    /// GPU ordinal for the ONNX CUDA/TensorRT providers.
+    #[arg(long, env = "WORKER_DEVICE_ID", default_value_t = 0)]
+    pub device_id: i32,
     /// Batch sizes the batcher fills to (it runs the largest one reached at once).
     #[arg(
         long,
@@ -62,6 +71,13 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
+    pub fn onnx(&self) -> OnnxSettings {
+        OnnxSettings {
+            provider: self.onnx_provider,
+            device_id: self.device_id,
+        }
+    }
+
     pub fn batch_policy(&self) -> Result<BatchPolicyConfig, WorkerError> {
         BatchPolicyConfig::new(
             self.preferred_batch_sizes.clone(),

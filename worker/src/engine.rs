@@ -9,12 +9,13 @@ use models::ParakeetModel;
 use worker_protocol::ModelInfo;
 
 use crate::error::WorkerError;
+use crate::onnx_engine::{OnnxEngine, OnnxProvider};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum EngineKind {
     /// The models crate's CPU f32 reference model (`.nemo`).
     Cpu,
-    /// ONNX Runtime (not wired into the worker yet: refused).
+    /// ONNX Runtime on an export directory (`--onnx-provider` picks CPU/CUDA/TensorRT).
     Onnx,
     /// The native CUDA engine (not in this build: refused, never replaced by the CPU).
     Cuda,
@@ -40,20 +41,30 @@ pub trait Engine: Send {
 }
 
 /// Loads the requested engine or fails: there is no fallback between engines.
-pub fn load(kind: EngineKind, model: &Path) -> Result<Box<dyn Engine>, WorkerError> {
+pub fn load(
+    kind: EngineKind,
+    model: &Path,
+    onnx: OnnxSettings,
+) -> Result<Box<dyn Engine>, WorkerError> {
     match kind {
         EngineKind::Cpu => Ok(Box::new(CpuEngine::load(model)?)),
-        EngineKind::Onnx => Err(WorkerError::EngineUnavailable {
-            engine: kind.name().into(),
-            reason: "the ONNX engine is not wired into the worker yet (models::onnx exists; \
-                     its timing metadata for the protocol is missing)"
-                .into(),
-        }),
+        EngineKind::Onnx => Ok(Box::new(OnnxEngine::load(
+            model,
+            onnx.provider,
+            onnx.device_id,
+        )?)),
         EngineKind::Cuda => Err(WorkerError::EngineUnavailable {
             engine: kind.name().into(),
             reason: "this build has no CUDA engine (see the native CUDA engine issue)".into(),
         }),
     }
+}
+
+/// ONNX Runtime choices (ignored by the other engines).
+#[derive(Debug, Clone, Copy)]
+pub struct OnnxSettings {
+    pub provider: OnnxProvider,
+    pub device_id: i32,
 }
 
 pub struct CpuEngine {

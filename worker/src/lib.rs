@@ -8,6 +8,7 @@ pub mod config;
 pub mod engine;
 pub mod engine_thread;
 pub mod error;
+pub mod onnx_engine;
 pub mod server;
 
 pub use error::WorkerError;

@@ -31,7 +31,10 @@ fn main() -> Result<()> {
 
 fn probe() {
     println!("engine cpu: available (models crate f32 reference)");
-    println!("engine onnx: not wired into the worker in this build");
+    match models::onnx::dylib_from_env() {
+        Some(path) => println!("engine onnx: ONNX Runtime from {}", path.display()),
+        None => println!("engine onnx: unavailable until ORT_DYLIB_PATH names ONNX Runtime"),
+    }
     println!(
         "engine cuda: not available: CUDA probing (context, kernel, SM count, MPS thread \
          percentage) is not implemented in this build"
@@ -48,7 +51,7 @@ fn warmup_clip() -> Vec<f32> {
 fn serve(args: ServeArgs) -> Result<()> {
     let policy = args.batch_policy()?;
     let started = Instant::now();
-    let mut engine = engine::load(args.engine, &args.model)
+    let mut engine = engine::load(args.engine, &args.model, args.onnx())
         .with_context(|| format!("starting the {} engine", args.engine.name()))?;
     let loaded = started.elapsed();
     let clip = warmup_clip();

@@ -132,15 +132,25 @@ fn garbage_and_misuse_get_typed_errors_and_worker_keeps_serving() -> Result<()> 
 fn unavailable_engine_fails_hard() -> Result<()> {
     let dir = tempfile::tempdir()?;
     for engine in ["cuda", "onnx"] {
+        // onnx: a missing ONNX Runtime must not turn into the CPU reference engine.
         let out = Command::new(common::worker_binary())
+            .env_remove("ORT_DYLIB_PATH")
             .args(["serve", "--engine", engine, "--socket"])
             .arg(dir.path().join("w.sock"))
             .arg("--model")
-            .arg(common::model_path())
+            .arg(match engine {
+                "onnx" => common::fixtures().join("tdt-real-options/onnx"),
+                _ => common::model_path(),
+            })
             .output()?;
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{engine}: must not fall back");
-        assert!(stderr.contains("not available"), "{engine}: {stderr}");
+        let why = if engine == "cuda" {
+            "not available"
+        } else {
+            "ORT_DYLIB_PATH"
+        };
+        assert!(stderr.contains(why), "{engine}: {stderr}");
         assert!(
             !dir.path().join("w.sock").exists(),
             "{engine}: never served"
@@ -205,5 +215,42 @@ fn cancel_and_deadline_answer_without_running() -> Result<()> {
         "answered at its deadline, not the batch wait"
     );
     assert_eq!(seen[&1].0, "result", "the rest still runs");
+    Ok(())
+}
+
+/// The ONNX engine through the socket: batched answers equal the in-process ONNX model's
+/// answer for each clip alone. Needs `ORT_DYLIB_PATH` (skipped, loudly, without it).
+#[test]
+fn onnx_engine_batched_answers_equal_each_clip_alone() -> Result<()> {
+    if models::onnx::dylib_from_env().is_none() {
+        eprintln!("SKIPPING onnx_engine test: ORT_DYLIB_PATH is not set");
+        return Ok(());
+    }
+    let export = common::fixtures().join("tdt-real-options/onnx");
+    let clips = clips()?;
+    let mut model = models::onnx::OnnxModel::load(&export, &Default::default())?;
+    let expected: Vec<_> = clips
+        .iter()
+        .map(|(_, pcm)| Ok(model.transcribe_batch(&[pcm])?.remove(0)))
+        .collect::<Result<_>>()?;
+    let dir = tempfile::tempdir()?;
+    let export_arg = export.display().to_string();
+    let worker = WorkerProcess::start_with(
+        dir.path(),
+        &[
+            "--engine",
+            "onnx",
+            "--model",
+            &export_arg,
+            "--max-batch-wait-ms",
+            "300",
+        ],
+    )?;
+    let answers = transcribe_all(&worker, &clips, 2)?;
+    for (id, answer) in &answers {
+        let clip = *id as usize % clips.len();
+        assert_eq!(answer.hypothesis, expected[clip], "clip {}", clips[clip].0);
+    }
+    assert!(answers.values().any(|a| a.timings.batch_size > 1));
     Ok(())
 }

@@ -70,15 +70,22 @@ pub struct WorkerProcess {
 }
 
 impl WorkerProcess {
+    /// The CPU engine on the fixture model.
     pub fn start(dir: &Path, extra: &[&str]) -> Result<Self> {
+        let model = model_path().display().to_string();
+        let mut args = vec!["--model", model.as_str()];
+        args.extend_from_slice(extra);
+        Self::start_with(dir, &args)
+    }
+
+    /// `worker serve --socket <dir>/worker.sock <args>`.
+    pub fn start_with(dir: &Path, args: &[&str]) -> Result<Self> {
         let socket = dir.join("worker.sock");
         let child = Command::new(worker_binary())
             .arg("serve")
             .arg("--socket")
             .arg(&socket)
-            .arg("--model")
-            .arg(model_path())
-            .args(extra)
+            .args(args)
             .stdin(Stdio::null())
             .spawn()?;
         let mut me = Self { child, socket };
