@@ -64,3 +64,13 @@ impl FleetTranscriber {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The dispatcher shares transcribers across threads (`Arc<dyn Transcriber>`).
+    #[test]
+    fn transcriber_is_send_and_sync() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<super::FleetTranscriber>();
+    }
+}
