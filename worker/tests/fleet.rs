@@ -220,3 +220,43 @@ fn garbage_on_a_fleet_workers_socket_changes_nothing() -> Result<()> {
     assert_eq!(fleet.status()[0].restarts, 0);
     Ok(())
 }
+
+/// A request whose workers keep dying is failed, typed, after `max_attempts` losses instead of
+/// being re-sent forever (here 1: the first loss); the rest are unaffected.
+#[test]
+fn requests_lost_max_attempts_times_fail_as_poison() -> Result<()> {
+    let clips = clips()?;
+    let (_, expected) = reference(&clips)?;
+    let dir = tempfile::tempdir()?;
+    let mut cfg = config(dir.path(), 2);
+    cfg.max_attempts = 1;
+    let fleet = Fleet::start(cfg)?;
+    fleet.wait_all_ready(Duration::from_secs(120))?;
+    let victim = fleet.status()[0].pid.expect("running");
+    let work: Vec<&[f32]> = (0..clips.len() * 6)
+        .map(|i| clips[i % clips.len()].1.as_slice())
+        .collect();
+    let (loaded, joined) = std::thread::scope(|scope| {
+        let job = scope.spawn(|| fleet.transcribe(&work));
+        let loaded = wait_until(Duration::from_secs(30), || {
+            fleet.status()[0].outstanding > 0
+        });
+        signal(victim, Signal::KILL);
+        (loaded, job.join())
+    });
+    ensure!(loaded, "worker 0 never held requests");
+    let results = joined.map_err(|_| anyhow::anyhow!("transcribe panicked"))?;
+    let mut poisoned = 0;
+    for (i, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(r) => assert_eq!(r.hypothesis, expected[i % clips.len()], "request {i}"),
+            Err(worker_fleet::FleetError::PoisonRequest { attempts: 1 }) => poisoned += 1,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    assert!(
+        poisoned >= 1,
+        "the killed worker's requests were failed, not re-sent"
+    );
+    Ok(())
+}
