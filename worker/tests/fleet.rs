@@ -15,7 +15,7 @@ use worker_fleet::{Fleet, FleetConfig, FleetTranscriber, RestartCause};
 fn config(dir: &Path, instances: usize) -> FleetConfig {
     let mut cfg = FleetConfig::cpu(worker_binary(), model_path(), dir.to_owned(), instances);
     cfg.health_interval = Duration::from_millis(100);
-    cfg.health_timeout = Duration::from_millis(1500);
+    cfg.health_timeout = Duration::from_secs(3);
     cfg.request_timeout = Duration::from_secs(60);
     cfg.startup_timeout = Duration::from_secs(60);
     cfg.restart_backoff.initial = Duration::from_millis(50);
