@@ -1,0 +1,260 @@
+//! Worker lifecycle: spawn under the load lock, connect, health-check, take down and restart.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use worker_protocol::ClientMessage;
+
+use super::routing::{dispatch, on_message, send};
+use super::{Phase, RestartCause, Shared, Slot, State, HANDSHAKE_TIMEOUT, TICK};
+use crate::client::{Opened, WriteFailure};
+use crate::error::FleetError;
+use crate::load_lock::LoadLock;
+use crate::mps;
+
+/// Kills the slot's worker, re-queues what it held and schedules a restart with backoff. In an
+/// MPS group the other workers of the GPU go too: the fault reached them as well.
+pub(super) fn fail_slot(shared: &Shared, state: &mut State, slot: usize, cause: RestartCause) {
+    let group = state.slots[slot].group;
+    let whole_group = shared.config.groups[group].mps.is_some() && cause != RestartCause::Group;
+    take_down(shared, state, slot, cause);
+    if whole_group {
+        for other in 0..state.slots.len() {
+            if other != slot
+                && state.slots[other].group == group
+                && !matches!(state.slots[other].phase, Phase::Down { .. })
+            {
+                take_down(shared, state, other, RestartCause::Group);
+            }
+        }
+    }
+}
+
+fn take_down(shared: &Shared, state: &mut State, slot: usize, cause: RestartCause) {
+    tracing::warn!(slot, ?cause, "restarting worker");
+    *state.restarts.entry(cause).or_default() += 1;
+    let s = &mut state.slots[slot];
+    if let Some(conn) = s.conn.take() {
+        conn.close();
+    }
+    if let Some(mut child) = s.child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let _ = std::fs::remove_file(&s.socket);
+    s.generation += 1;
+    s.broken = None;
+    s.ping = None;
+    s.failures += 1;
+    s.restarts += 1;
+    s.phase = Phase::Down {
+        next_start: Instant::now() + shared.config.restart_backoff.delay(s.failures),
+    };
+    let held: Vec<u64> = s.outstanding.drain().collect();
+    s.outstanding_frames = 0;
+    let max_attempts = shared.config.max_attempts;
+    // Oldest first back to the front of the queue.
+    let mut held: Vec<u64> = held;
+    held.sort_unstable_by(|a, b| b.cmp(a));
+    for id in held {
+        if let Some(req) = state.requests.get_mut(&id) {
+            req.on = None;
+            req.attempts += 1;
+            if req.attempts >= max_attempts {
+                req.outcome = Some(Err(FleetError::PoisonRequest {
+                    attempts: req.attempts,
+                }));
+            } else {
+                state.waiting.push_front(id);
+            }
+        }
+    }
+}
+
+fn spawn_worker(shared: &Shared, slot: &Slot) -> std::io::Result<Child> {
+    let cfg = &shared.config;
+    let group = &cfg.groups[slot.group];
+    let _ = std::fs::remove_file(&slot.socket);
+    Command::new(&cfg.worker_binary)
+        .arg("serve")
+        .arg("--socket")
+        .arg(&slot.socket)
+        .arg("--model")
+        .arg(&cfg.model)
+        .arg("--engine")
+        .arg(&cfg.engine)
+        .args(&cfg.worker_args)
+        .envs(mps::worker_env(
+            group.gpu,
+            group.instances,
+            group.mps.as_ref(),
+        ))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+}
+
+pub(super) fn monitor_loop(shared: Weak<Shared>) {
+    loop {
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let connect = {
+            let mut state = shared.lock();
+            if state.shutting_down {
+                return;
+            }
+            tick(&shared, &mut state)
+        };
+        for (slot, generation, socket) in connect {
+            try_connect(&shared, slot, generation, &socket);
+        }
+        {
+            let mut state = shared.lock();
+            dispatch(&shared, &mut state);
+        }
+        shared.changed.notify_all();
+        drop(shared);
+        std::thread::sleep(TICK);
+    }
+}
+
+/// One pass over the slots; returns the starting slots whose socket has appeared (connected
+/// outside the lock).
+fn tick(shared: &Shared, state: &mut State) -> Vec<(usize, u64, PathBuf)> {
+    let cfg = &shared.config;
+    let now = Instant::now();
+    let mut connect = Vec::new();
+    for i in 0..state.slots.len() {
+        let exited = state.slots[i]
+            .child
+            .as_mut()
+            .is_some_and(|c| !matches!(c.try_wait(), Ok(None)));
+        let s = &state.slots[i];
+        match &s.phase {
+            Phase::Ready => {
+                let oldest = s
+                    .outstanding
+                    .iter()
+                    .filter_map(|id| state.requests.get(id).and_then(|r| r.sent_at))
+                    .min();
+                if exited {
+                    fail_slot(shared, state, i, RestartCause::Crashed);
+                } else if let Some(cause) = s.broken {
+                    fail_slot(shared, state, i, cause);
+                } else if s.ping.is_some_and(|(_, at)| now - at > cfg.health_timeout)
+                    || oldest.is_some_and(|at| now - at > cfg.request_timeout)
+                {
+                    fail_slot(shared, state, i, RestartCause::Stuck);
+                } else if s.ping.is_none() && now - s.last_ping >= cfg.health_interval {
+                    let nonce = now.elapsed().as_nanos() as u64 ^ (i as u64) << 48 ^ s.generation;
+                    let sent = send(s.conn.as_deref(), ClientMessage::Health { nonce });
+                    let s = &mut state.slots[i];
+                    s.last_ping = now;
+                    s.ping = Some((nonce, now));
+                    if let Err(cause) = sent {
+                        s.broken = Some(cause);
+                    }
+                }
+            }
+            Phase::Starting { since, .. } => {
+                if exited || now - *since > cfg.startup_timeout {
+                    fail_slot(shared, state, i, RestartCause::StartFailed);
+                } else if s.socket.exists() {
+                    connect.push((i, s.generation, s.socket.clone()));
+                }
+            }
+            Phase::Down { next_start } => {
+                if now < *next_start {
+                    continue;
+                }
+                // One model load at a time, across every supervisor sharing the lock file.
+                let lock = match LoadLock::try_acquire(&cfg.load_lock) {
+                    Ok(Some(lock)) => lock,
+                    Ok(None) => continue,
+                    Err(e) => {
+                        tracing::error!(error = %e, "load lock");
+                        continue;
+                    }
+                };
+                match spawn_worker(shared, s) {
+                    Ok(child) => {
+                        let s = &mut state.slots[i];
+                        s.child = Some(child);
+                        s.phase = Phase::Starting {
+                            since: now,
+                            _lock: lock,
+                        };
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, binary = %cfg.worker_binary.display(),
+                            "spawning worker");
+                        let s = &mut state.slots[i];
+                        s.failures += 1;
+                        s.phase = Phase::Down {
+                            next_start: now + cfg.restart_backoff.delay(s.failures),
+                        };
+                    }
+                }
+            }
+        }
+    }
+    connect
+}
+
+fn try_connect(shared: &Arc<Shared>, slot: usize, generation: u64, socket: &std::path::Path) {
+    let opened = Opened::connect(socket, HANDSHAKE_TIMEOUT);
+    let mut state = shared.lock();
+    let current = state.slots[slot].generation == generation
+        && matches!(state.slots[slot].phase, Phase::Starting { .. });
+    let opened = match opened {
+        Ok(opened) if current => opened,
+        Ok(stale) => return stale.close(),
+        Err(e) => {
+            tracing::debug!(slot, error = %e, "worker not accepting yet");
+            return;
+        }
+    };
+    let info = opened.info.clone();
+    let (on_msg, on_end) = (Arc::downgrade(shared), Arc::downgrade(shared));
+    let started = opened.start(
+        &format!("fleet-{slot}"),
+        move |message| {
+            if let Some(shared) = on_msg.upgrade() {
+                on_message(&shared, slot, generation, message);
+            }
+        },
+        move |failure, detail| {
+            let Some(shared) = on_end.upgrade() else {
+                return;
+            };
+            let mut state = shared.lock();
+            let s = &mut state.slots[slot];
+            if s.generation == generation && s.broken.is_none() {
+                tracing::warn!(slot, ?failure, %detail, "worker connection ended");
+                s.broken = Some(match failure {
+                    WriteFailure::Stalled => RestartCause::Stuck,
+                    WriteFailure::Broken => RestartCause::Crashed,
+                });
+            }
+        },
+    );
+    let conn = match started {
+        Ok(conn) => conn,
+        Err(e) => {
+            tracing::error!(slot, error = %e, "starting connection threads");
+            return;
+        }
+    };
+    let s = &mut state.slots[slot];
+    s.conn = Some(Arc::new(conn));
+    s.phase = Phase::Ready; // drops the load lock: the next worker may load
+    s.last_ping = Instant::now();
+    if state.model.is_none() {
+        state.model = Some(info.model);
+    }
+    tracing::info!(slot, pid = info.pid, "worker ready");
+}
