@@ -272,3 +272,34 @@ fn local_attention_checkpoint_is_refused_with_a_typed_error() -> Result<()> {
         Ok(_) => anyhow::bail!("local attention loaded, but the GPU encoder does not implement it"),
     }
 }
+
+#[test]
+fn empty_batches_and_empty_utterances_give_empty_outputs() -> Result<()> {
+    let Some(engine) = engine("encoder_empty_inputs") else {
+        return Ok(());
+    };
+    let ckpt = Checkpoint::load(&fixtures().join(MODEL).join("model.nemo"))?;
+    let cpu = ParakeetModel::from_checkpoint(&ckpt)?;
+    let gpu = GpuEncoder::from_checkpoint(&engine, &ckpt)?;
+    ensure!(gpu.encode(&engine, &[])?.is_empty(), "empty batch");
+
+    let empty = Features {
+        n_mels: ckpt.config.encoder.feat_in,
+        n_frames: 0,
+        data: Vec::new(),
+    };
+    let alone = gpu.encode(&engine, &[&empty])?;
+    ensure!(alone.len() == 1 && alone[0].frames == 0 && alone[0].data.is_empty());
+
+    let short = cpu.features(&read_wav(&fixtures().join("clips/espeak_short.wav"))?);
+    let mixed = gpu.encode(&engine, &[&empty, &short])?;
+    let single = gpu.encode(&engine, &[&short])?;
+    ensure!(mixed.len() == 2 && mixed[0].frames == 0 && mixed[0].data.is_empty());
+    let diff = rel_l2(&mixed[1], &single[0]);
+    eprintln!("RESULT empty utterance beside espeak_short: rel_l2 vs alone = {diff:.3e}");
+    ensure!(
+        diff <= 1e-3,
+        "espeak_short beside an empty utterance: {diff:.3e}"
+    );
+    Ok(())
+}

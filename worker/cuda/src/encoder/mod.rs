@@ -128,6 +128,10 @@ impl GpuEncoder {
                 }
             }
         }
+        if host.is_empty() {
+            // Nothing to encode (`run` returns empty utterances); CUDA refuses 0-byte uploads.
+            host.push(0.0);
+        }
         let frames: Vec<usize> = batch.iter().map(|f| f.n_frames).collect();
         Ok(EncoderInput {
             features: engine.upload(&host)?,

@@ -128,10 +128,14 @@ impl Subsampling {
         let device = host
             .iter()
             .map(|lens| {
-                let as_i32: Vec<i32> = lens
+                let mut as_i32: Vec<i32> = lens
                     .iter()
                     .map(|&n| i32::try_from(n).unwrap_or(i32::MAX))
                     .collect();
+                // An empty batch still gets a (never read) buffer: CUDA refuses 0-byte uploads.
+                if as_i32.is_empty() {
+                    as_i32.push(0);
+                }
                 engine.upload(&as_i32)
             })
             .collect::<Result<Vec<_>>>()?;
