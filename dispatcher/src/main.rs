@@ -15,6 +15,15 @@ struct Cli {
 enum Command {
     /// Transcribe local audio files on this machine and print (or write) the result.
     Transcribe(cli::transcribe::TranscribeArgs),
+    /// Run the whole pipeline on this machine: a directory spool as the queue, a directory as
+    /// the store. `--input-dir DIR` submits a folder of recordings first.
+    Local(cli::local::LocalArgs),
+    /// Consume jobs from SQS, read inputs from and write results to S3.
+    Run(cli::run::RunArgs),
+    /// Send job messages for `s3://bucket/key` inputs (to SQS or a local spool).
+    Enqueue(cli::enqueue::EnqueueArgs),
+    /// Enqueue every input under `s3://bucket/prefix` that has no result for this model.
+    Backfill(cli::backfill::BackfillArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -27,5 +36,9 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Transcribe(args) => cli::transcribe::run(args),
+        Command::Local(args) => cli::run::block_on(cli::local::run(args)),
+        Command::Run(args) => cli::run::block_on(cli::run::run(args)),
+        Command::Enqueue(args) => cli::run::block_on(cli::enqueue::run(args)),
+        Command::Backfill(args) => cli::run::block_on(cli::backfill::run(args)),
     }
 }

@@ -1,0 +1,111 @@
+//! Re-enqueue a whole prefix (e.g. after a model update), skipping inputs whose result for
+//! the current model already exists. Listing is paginated; sends are batched and rate-limited.
+
+use std::time::{Duration, Instant};
+
+use crate::error::Result;
+use crate::job::{JobMessage, ObjectRef, Prefix};
+use crate::outputs::ResultLocation;
+use crate::queue::Queue;
+use crate::store::ObjectStore;
+
+#[derive(Debug, Clone)]
+pub struct BackfillSettings {
+    pub source: Prefix,
+    pub output: Prefix,
+    pub model_id: String,
+    /// Messages per second at most (0 = unlimited).
+    pub max_messages_per_s: u32,
+    /// Only look, do not send.
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackfillSummary {
+    pub listed: u64,
+    pub skipped_done: u64,
+    pub enqueued: u64,
+    pub send_failures: u64,
+}
+
+/// Lists `source`, enqueues every input without a manifest or failure record for
+/// `model_id`, and calls `progress` after each page.
+pub async fn backfill(
+    store: &dyn ObjectStore,
+    queue: &dyn Queue,
+    settings: &BackfillSettings,
+    mut progress: impl FnMut(&BackfillSummary),
+) -> Result<BackfillSummary> {
+    let mut summary = BackfillSummary::default();
+    let mut continuation = None;
+    let started = Instant::now();
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    loop {
+        let page = store
+            .list_page(
+                &settings.source.bucket,
+                &settings.source.prefix,
+                continuation,
+            )
+            .await?;
+        let mut bodies = Vec::new();
+        for object in &page.objects {
+            summary.listed += 1;
+            let input = ObjectRef::new(&settings.source.bucket, &object.key);
+            let loc =
+                ResultLocation::new(&settings.output, &input, &object.etag, &settings.model_id);
+            let done = store
+                .head(&ObjectRef::new(&loc.bucket, loc.manifest_key()))
+                .await?
+                .is_some()
+                || store
+                    .head(&ObjectRef::new(&loc.bucket, loc.failure_key()))
+                    .await?
+                    .is_some();
+            if done {
+                summary.skipped_done += 1;
+                continue;
+            }
+            let mut msg = JobMessage::new(format!("backfill-{run_id}-{}", summary.listed), &input);
+            msg.output_prefix = Some(settings.output.uri());
+            bodies.push(serde_json::to_string(&msg).expect("job message serializes (bug)"));
+        }
+        for chunk in bodies.chunks(10) {
+            if settings.dry_run {
+                summary.enqueued += chunk.len() as u64;
+                continue;
+            }
+            pace(
+                started,
+                summary.enqueued + chunk.len() as u64,
+                settings.max_messages_per_s,
+            )
+            .await;
+            for result in queue.send_batch(chunk).await? {
+                match result {
+                    Ok(()) => summary.enqueued += 1,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "backfill: send failed");
+                        summary.send_failures += 1;
+                    }
+                }
+            }
+        }
+        progress(&summary);
+        continuation = page.next;
+        if continuation.is_none() {
+            return Ok(summary);
+        }
+    }
+}
+
+/// Sleeps until sending `sent_after` messages keeps within `per_s` since `started`.
+async fn pace(started: Instant, sent_after: u64, per_s: u32) {
+    if per_s == 0 {
+        return;
+    }
+    let due = Duration::from_secs_f64(sent_after as f64 / per_s as f64);
+    if let Some(wait) = due.checked_sub(started.elapsed()) {
+        tokio::time::sleep(wait).await;
+    }
+}

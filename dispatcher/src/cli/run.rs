@@ -1,0 +1,75 @@
+//! `dispatcher run`: consume SQS, read inputs from S3, write results to S3.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use dispatcher::app::{self, MetricsRuntime};
+use dispatcher::config::SettingsArgs;
+use dispatcher::lifecycle::run_until_signal;
+use dispatcher::metrics::{CloudWatchSink, Sink};
+use dispatcher::queue::sqs::SqsQueue;
+use dispatcher::queue::Queue;
+use dispatcher::store::s3::S3Store;
+use dispatcher::store::ObjectStore;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct RunArgs {
+    /// TOML file with any of the settings below.
+    #[arg(long, env = "DISPATCHER_CONFIG")]
+    pub(crate) config: Option<PathBuf>,
+    /// Exit once the queue is empty and nothing is in flight (batch runs, tests).
+    #[arg(long)]
+    pub(crate) exit_when_idle: bool,
+    #[command(flatten)]
+    pub(crate) settings: SettingsArgs,
+}
+
+pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let settings = args.settings.resolve(args.config.as_deref())?;
+    let queue_url = settings
+        .queue_url
+        .clone()
+        .context("--queue-url is required")?;
+    let model = settings.model.clone().context("--model is required")?;
+    let aws = dispatcher::aws::load(None).await;
+    let transcriber = dispatcher::engine::load(&model, settings.model_id.clone())?;
+    let sink: Option<Arc<dyn Sink>> = settings.cloudwatch_namespace.as_ref().map(|ns| {
+        Arc::new(CloudWatchSink::new(
+            dispatcher::aws::cloudwatch(&aws),
+            ns.clone(),
+        )) as Arc<dyn Sink>
+    });
+    let metrics = MetricsRuntime::start(&settings, sink).await?;
+    let queue: Arc<dyn Queue> = Arc::new(SqsQueue::new(dispatcher::aws::sqs(&aws), queue_url));
+    let store: Arc<dyn ObjectStore> = Arc::new(S3Store::new(
+        dispatcher::aws::s3(&aws, settings.s3_force_path_style),
+        settings.sse_kms_key_id.clone(),
+    ));
+    let consumer = app::consumer(
+        &settings,
+        queue,
+        store,
+        transcriber,
+        &metrics,
+        args.exit_when_idle,
+    )?;
+    let summary = run_until_signal(consumer, CancellationToken::new()).await?;
+    metrics.shutdown().await;
+    tracing::info!(?summary, "stopped");
+    if summary.infrastructure_stop {
+        anyhow::bail!("stopped after an infrastructure error (see log)");
+    }
+    Ok(())
+}
+
+/// Runs an async subcommand on a multi-threaded runtime.
+pub(crate) fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(
+    fut: F,
+) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(fut)
+}

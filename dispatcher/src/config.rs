@@ -1,0 +1,210 @@
+//! Settings: defaults, overridden by a TOML file, overridden by environment variables and flags
+//! (clap: flag > env > file > default). Every field carries its unit in its name.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::error::{DispatchError, Result};
+
+/// Declares each setting once; generates the all-optional flag/file struct and the resolved one.
+macro_rules! settings {
+    (
+        defaults { $( $(#[doc = $ddoc:expr])* $dfield:ident : $dty:ty = $default:expr ; )* }
+        optional { $( $(#[doc = $odoc:expr])* $ofield:ident : $oty:ty ; )* }
+    ) => {
+        /// Every setting as a flag and an environment variable (the field name in upper case),
+        /// and as a key of the TOML config file. Unset values fall through to the next layer.
+        #[derive(Debug, Clone, Default, clap::Args, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct SettingsArgs {
+            $( $(#[doc = $ddoc])* #[arg(long, env)] #[serde(default)] pub $dfield: Option<$dty>, )*
+            $( $(#[doc = $odoc])* #[arg(long, env)] #[serde(default)] pub $ofield: Option<$oty>, )*
+        }
+
+        /// Resolved settings.
+        #[derive(Debug, Clone)]
+        pub struct Settings {
+            $( $(#[doc = $ddoc])* pub $dfield: $dty, )*
+            $( $(#[doc = $odoc])* pub $ofield: Option<$oty>, )*
+        }
+
+        impl SettingsArgs {
+            /// Values set in `self` win over `lower`.
+            pub fn over(self, lower: SettingsArgs) -> SettingsArgs {
+                SettingsArgs {
+                    $( $dfield: self.$dfield.or(lower.$dfield), )*
+                    $( $ofield: self.$ofield.or(lower.$ofield), )*
+                }
+            }
+
+            fn fill_defaults(self) -> Settings {
+                Settings {
+                    $( $dfield: self.$dfield.unwrap_or_else(|| $default), )*
+                    $( $ofield: self.$ofield, )*
+                }
+            }
+        }
+    };
+}
+
+settings! {
+    defaults {
+        /// Concurrent long-polling receivers.
+        receivers: usize = 2;
+        /// Messages per receive, 1..=10 (SQS's limit).
+        max_messages_per_receive: usize = 10;
+        /// Long-poll wait per receive in seconds, 0..=20 (SQS's limit).
+        wait_time_s: u64 = 20;
+        /// Visibility timeout asked for on receive, in seconds; heartbeats extend it every
+        /// third. Short values notice dead nodes sooner at the cost of more heartbeat calls.
+        visibility_timeout_s: u64 = 300;
+        /// Messages held at once (being fetched, decoded, transcribed or written).
+        max_in_flight: usize = 4;
+        /// After SIGTERM, seconds in-flight jobs may take before their messages are released
+        /// (keep below the platform's kill timeout; a spot notice gives 120 s).
+        drain_grace_s: u64 = 90;
+        /// Inputs above this size are refused before download (bytes).
+        max_input_bytes: u64 = 2 << 30;
+        /// Recordings longer than this are refused (seconds).
+        max_audio_duration_s: u64 = 4 * 3600;
+        /// Longest segment handed to the model (seconds); long recordings are cut at quiet
+        /// points into segments no longer than this.
+        max_segment_s: f64 = 30.0;
+        /// Segments per model call (bounds the model's working memory).
+        segments_per_call: usize = 8;
+        /// Jobs running inference at once (1 for the in-process CPU engine).
+        inference_slots: usize = 1;
+        /// Retries of a transient store error inside one job.
+        retry_max: usize = 4;
+        /// Longest delay before a transiently failed message is retried (seconds).
+        max_retry_delay_s: u64 = 300;
+        /// Local spool only: receives after which a message goes to the dead-letter folder.
+        max_receives: u32 = 5;
+        /// Seconds between metric flushes to CloudWatch.
+        metrics_flush_s: u64 = 10;
+        /// Use path-style S3 URLs (for S3-compatible stores such as MinIO or moto).
+        s3_force_path_style: bool = false;
+    }
+    optional {
+        /// Default result prefix, `s3://bucket/prefix/` (jobs may name their own).
+        output_uri: String;
+        /// The model: a `.nemo` checkpoint.
+        model: PathBuf;
+        /// Model id used in result keys (default: file name plus a hash of the file).
+        model_id: String;
+        /// SQS queue URL (`run`, `enqueue`, `backfill`).
+        queue_url: String;
+        /// Serve Prometheus `/metrics` and `/health` here, e.g. 127.0.0.1:9100.
+        metrics_listen: std::net::SocketAddr;
+        /// Publish metrics to CloudWatch under this namespace.
+        cloudwatch_namespace: String;
+        /// Encrypt every result with SSE-KMS under this key id or ARN.
+        sse_kms_key_id: String;
+    }
+}
+
+impl SettingsArgs {
+    /// Flags/env over the TOML file (if any) over defaults, then checked.
+    pub fn resolve(self, config_file: Option<&Path>) -> Result<Settings> {
+        let file = match config_file {
+            Some(path) => load_file(path)?,
+            None => SettingsArgs::default(),
+        };
+        let settings = self.over(file).fill_defaults();
+        settings.validate()?;
+        Ok(settings)
+    }
+}
+
+pub fn load_file(path: &Path) -> Result<SettingsArgs> {
+    let text = std::fs::read_to_string(path).map_err(|e| DispatchError::io(path, e))?;
+    toml::from_str(&text).map_err(|e| DispatchError::Config(format!("{}: {e}", path.display())))
+}
+
+impl Settings {
+    pub fn validate(&self) -> Result<()> {
+        let bad = |msg: String| Err(DispatchError::Config(msg));
+        if !(1..=10).contains(&self.max_messages_per_receive) {
+            return bad(format!(
+                "max_messages_per_receive must be 1..=10, got {}",
+                self.max_messages_per_receive
+            ));
+        }
+        if self.wait_time_s > 20 {
+            return bad(format!(
+                "wait_time_s must be 0..=20, got {}",
+                self.wait_time_s
+            ));
+        }
+        if self.visibility_timeout_s == 0 || self.visibility_timeout_s > 43_200 {
+            return bad(format!(
+                "visibility_timeout_s must be 1..=43200, got {}",
+                self.visibility_timeout_s
+            ));
+        }
+        if self.max_in_flight == 0 || self.receivers == 0 || self.inference_slots == 0 {
+            return bad("receivers, max_in_flight and inference_slots must be at least 1".into());
+        }
+        if !(self.max_segment_s.is_finite() && self.max_segment_s >= 1.0) {
+            return bad(format!(
+                "max_segment_s must be at least 1, got {}",
+                self.max_segment_s
+            ));
+        }
+        if let Some(uri) = &self.output_uri {
+            crate::job::Prefix::parse_uri(uri)?;
+        }
+        Ok(())
+    }
+
+    pub fn visibility(&self) -> Duration {
+        Duration::from_secs(self.visibility_timeout_s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_beat_file_beat_defaults() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("d.toml");
+        std::fs::write(&path, "visibility_timeout_s = 60\nreceivers = 3\n").expect("write");
+        let flags = SettingsArgs {
+            receivers: Some(5),
+            ..Default::default()
+        };
+        let s = flags.resolve(Some(&path)).expect("resolve");
+        assert_eq!(
+            (s.receivers, s.visibility_timeout_s, s.wait_time_s),
+            (5, 60, 20)
+        );
+    }
+
+    #[test]
+    fn the_example_config_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("dispatcher.example.toml");
+        let s = SettingsArgs::default()
+            .resolve(Some(&path))
+            .expect("example config");
+        assert_eq!(
+            s.cloudwatch_namespace.as_deref(),
+            Some("Transcription/Dispatcher")
+        );
+        assert_eq!(s.max_audio_duration_s, 14_400);
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_rejected() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("d.toml");
+        std::fs::write(&path, "visibility_timeout_secs = 60\n").expect("write");
+        assert!(SettingsArgs::default().resolve(Some(&path)).is_err());
+        let flags = SettingsArgs {
+            max_messages_per_receive: Some(11),
+            ..Default::default()
+        };
+        assert!(flags.resolve(None).is_err());
+    }
+}

@@ -1,0 +1,21 @@
+//! The dispatcher library: queues, object stores, the job pipeline, lifecycle and metrics.
+//! The binary (`src/main.rs`) only parses flags and wires these together.
+
+pub mod app;
+pub mod aws;
+pub mod backfill;
+pub mod config;
+pub mod decode;
+pub mod engine;
+pub mod error;
+pub mod job;
+pub mod lifecycle;
+pub mod metrics;
+pub mod outputs;
+pub mod pipeline;
+pub mod queue;
+pub mod render;
+pub mod store;
+pub mod transcriber;
+
+pub use error::DispatchError;

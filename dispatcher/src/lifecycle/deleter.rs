@@ -1,0 +1,99 @@
+//! Batches message deletes (up to 10 per request) and reports each entry's own result:
+//! a batch can succeed as a whole while some entries fail.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::{DispatchError, ErrorClass, Result};
+use crate::queue::Queue;
+
+type Request = (String, oneshot::Sender<Result<()>>);
+
+#[derive(Clone)]
+pub struct Deleter {
+    tx: mpsc::Sender<Request>,
+}
+
+impl Deleter {
+    /// Spawns the batching task; it ends when every `Deleter` clone is dropped.
+    pub fn spawn(queue: Arc<dyn Queue>, linger: Duration) -> Self {
+        let (tx, mut rx) = mpsc::channel::<Request>(256);
+        tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let mut batch = vec![first];
+                let deadline = tokio::time::Instant::now() + linger;
+                while batch.len() < 10 {
+                    match tokio::time::timeout_at(deadline, rx.recv()).await {
+                        Ok(Some(req)) => batch.push(req),
+                        _ => break,
+                    }
+                }
+                let receipts: Vec<String> = batch.iter().map(|(r, _)| r.clone()).collect();
+                let mut results = delete_with_one_retry(queue.as_ref(), &receipts).await;
+                for (_, reply) in batch.into_iter().rev() {
+                    let result = results.pop().unwrap_or_else(|| {
+                        Err(DispatchError::Queue {
+                            op: "DeleteMessageBatch",
+                            class: ErrorClass::Transient,
+                            message: "no result for entry".into(),
+                        })
+                    });
+                    let _ = reply.send(result);
+                }
+            }
+        });
+        Self { tx }
+    }
+
+    /// Deletes one message (batched with others arriving at the same time).
+    pub async fn delete(&self, receipt: String) -> Result<()> {
+        let (reply, answer) = oneshot::channel();
+        let closed = || DispatchError::Queue {
+            op: "DeleteMessageBatch",
+            class: ErrorClass::Infrastructure,
+            message: "deleter stopped".into(),
+        };
+        self.tx.send((receipt, reply)).await.map_err(|_| closed())?;
+        answer.await.map_err(|_| closed())?
+    }
+}
+
+/// Transient per-entry failures get one more try; a failure is never reported as success.
+async fn delete_with_one_retry(queue: &dyn Queue, receipts: &[String]) -> Vec<Result<()>> {
+    let mut results = match queue.delete_batch(receipts).await {
+        Ok(results) => results,
+        Err(e) if e.is_transient() => {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            match queue.delete_batch(receipts).await {
+                Ok(results) => results,
+                Err(e) => return receipts.iter().map(|_| Err(clone_error(&e))).collect(),
+            }
+        }
+        Err(e) => return receipts.iter().map(|_| Err(clone_error(&e))).collect(),
+    };
+    let retry: Vec<usize> = results
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.as_ref().is_err_and(|e| e.is_transient()))
+        .map(|(i, _)| i)
+        .collect();
+    if !retry.is_empty() {
+        let again: Vec<String> = retry.iter().map(|&i| receipts[i].clone()).collect();
+        if let Ok(second) = queue.delete_batch(&again).await {
+            for (i, r) in retry.into_iter().zip(second) {
+                results[i] = r;
+            }
+        }
+    }
+    results
+}
+
+fn clone_error(e: &DispatchError) -> DispatchError {
+    DispatchError::Queue {
+        op: "DeleteMessageBatch",
+        class: e.class(),
+        message: e.to_string(),
+    }
+}

@@ -1,0 +1,329 @@
+//! One job, start to finish: look up the input, skip it if a result exists, fetch, decode,
+//! transcribe, write the outputs and then the manifest. Permanent failures become a failure
+//! record in the result location; other errors go back to the caller, which releases the
+//! message.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::Semaphore;
+
+use crate::decode::{self, AudioSettings, Decoded};
+use crate::error::{DispatchError, ErrorClass, Result};
+use crate::job::{Job, OutputFormat, Prefix};
+use crate::lifecycle::retry::{retry_transient, RetrySettings};
+use crate::metrics::{MetricEvent, Metrics, Stage};
+use crate::outputs::{
+    Existing, FailureRecord, InputInfo, Manifest, ResultLocation, WriteOutcome, Writer,
+    MISSING_TAG, RECORD_SCHEMA_VERSION,
+};
+use crate::queue::now_ms;
+use crate::render;
+use crate::store::{ObjectMeta, ObjectStore};
+use crate::transcriber::{stitch, Piece, Transcriber};
+
+#[derive(Debug, Clone)]
+pub struct PipelineSettings {
+    /// Where results go when a job names no output prefix (S3 events never do).
+    pub default_output: Option<Prefix>,
+    /// Inputs above this size are refused before they are downloaded.
+    pub max_input_bytes: u64,
+    pub audio: AudioSettings,
+    pub retry: RetrySettings,
+    /// Segments handed to the model per call (bounds the model's working memory).
+    pub segments_per_call: usize,
+    /// Jobs allowed to run inference at the same time.
+    pub inference_slots: usize,
+}
+
+/// How a job ended, when it ended cleanly (the message can be deleted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobOutcome {
+    /// Outputs and manifest written at `manifest_key`.
+    Done { manifest_key: String },
+    /// A manifest or failure record for this input and model already existed.
+    AlreadyDone,
+    /// A failure record with this reason code is in the result location.
+    Failed { reason: &'static str },
+}
+
+impl JobOutcome {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Done { .. } => "done",
+            Self::AlreadyDone => "already_done",
+            Self::Failed { .. } => "failed",
+        }
+    }
+}
+
+pub struct Pipeline {
+    store: Arc<dyn ObjectStore>,
+    transcriber: Arc<dyn Transcriber>,
+    metrics: Metrics,
+    settings: PipelineSettings,
+    inference: Arc<Semaphore>,
+}
+
+impl Pipeline {
+    pub fn new(
+        store: Arc<dyn ObjectStore>,
+        transcriber: Arc<dyn Transcriber>,
+        metrics: Metrics,
+        settings: PipelineSettings,
+    ) -> Self {
+        let inference = Arc::new(Semaphore::new(settings.inference_slots.max(1)));
+        Self {
+            store,
+            transcriber,
+            metrics,
+            settings,
+            inference,
+        }
+    }
+
+    pub fn model_id(&self) -> &str {
+        self.transcriber.model_id()
+    }
+
+    pub fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    fn writer(&self) -> Writer<'_> {
+        Writer {
+            store: self.store.as_ref(),
+            retry: self.settings.retry,
+        }
+    }
+
+    /// The result location this job would write to (for its input's current content).
+    pub fn output_prefix(&self, job: &Job) -> Result<Prefix> {
+        job.output_prefix
+            .clone()
+            .or_else(|| self.settings.default_output.clone())
+            .ok_or_else(|| {
+                DispatchError::BadMessage(
+                    "job names no output prefix and none is configured".into(),
+                )
+            })
+    }
+
+    /// Runs one job. `Ok` means the message can be deleted; `Err` means it must not be.
+    pub async fn process(&self, job: &Job) -> Result<JobOutcome> {
+        let started = Instant::now();
+        tracing::info!(job_id = %job.job_id, input = %job.input.uri(), "job started");
+        let output = self.output_prefix(job)?;
+        let model_id = self.model_id().to_owned();
+        let head = retry_transient(self.settings.retry, "head input", || {
+            self.store.head(&job.input)
+        })
+        .await;
+        let meta = match head {
+            Ok(Some(meta)) => meta,
+            Ok(None) => {
+                let error = DispatchError::ObjectMissing {
+                    bucket: job.input.bucket.clone(),
+                    key: job.input.key.clone(),
+                };
+                let loc = ResultLocation::new(&output, &job.input, MISSING_TAG, &model_id);
+                return self.record_failure(job, &loc, None, error).await;
+            }
+            Err(e) if e.class() == ErrorClass::Permanent => {
+                let loc = ResultLocation::new(&output, &job.input, MISSING_TAG, &model_id);
+                return self.record_failure(job, &loc, None, e).await;
+            }
+            Err(e) => return Err(e),
+        };
+        let loc = ResultLocation::new(&output, &job.input, &meta.etag, &model_id);
+        if let Some(existing) = self.writer().existing(&loc).await? {
+            if let Existing::Manifest(m) = &existing {
+                if m.input.etag.as_deref() != Some(meta.etag.as_str()) {
+                    return Err(DispatchError::ResultMismatch {
+                        bucket: loc.bucket.clone(),
+                        key: loc.manifest_key(),
+                        why: "manifest names other input content".into(),
+                    });
+                }
+            }
+            tracing::info!(job_id = %job.job_id, dir = %loc.dir, "result already exists; skipping");
+            return Ok(JobOutcome::AlreadyDone);
+        }
+        let outcome = match self.transcribe_into(job, &meta, &loc, started).await {
+            Ok(outcome) => outcome,
+            Err(e) if e.class() == ErrorClass::Permanent => {
+                return self.record_failure(job, &loc, Some(&meta), e).await;
+            }
+            Err(e) => return Err(e),
+        };
+        self.metrics.emit(MetricEvent::StageSeconds {
+            stage: Stage::EndToEnd,
+            seconds: started.elapsed().as_secs_f64(),
+        });
+        Ok(outcome)
+    }
+
+    async fn record_failure(
+        &self,
+        job: &Job,
+        loc: &ResultLocation,
+        meta: Option<&ObjectMeta>,
+        error: DispatchError,
+    ) -> Result<JobOutcome> {
+        let reason = error.reason_code();
+        tracing::warn!(job_id = %job.job_id, input = %job.input.uri(), reason, error = %error,
+            "job failed permanently; writing a failure record");
+        let record = FailureRecord::new(
+            job,
+            InputInfo::new(&job.input, meta),
+            self.model_id(),
+            &error,
+        );
+        self.writer().write_failure(loc, &record).await?;
+        self.metrics.emit(MetricEvent::Failure { reason });
+        Ok(JobOutcome::Failed { reason })
+    }
+
+    async fn transcribe_into(
+        &self,
+        job: &Job,
+        meta: &ObjectMeta,
+        loc: &ResultLocation,
+        started: Instant,
+    ) -> Result<JobOutcome> {
+        if job.diarize {
+            return Err(DispatchError::DiarizationUnavailable);
+        }
+        // Empty or oversized inputs are refused before the download.
+        audio::check_input_size(meta.size_bytes, &self.settings.audio.limits).map_err(|e| {
+            DispatchError::Audio {
+                reason: e.reason_code(),
+                message: e.to_string(),
+            }
+        })?;
+
+        let t = Instant::now();
+        let bytes = retry_transient(self.settings.retry, "fetch input", || {
+            self.store
+                .get(&job.input, self.settings.max_input_bytes, Some(&meta.etag))
+        })
+        .await?;
+        self.stage(Stage::Fetch, t);
+
+        let t = Instant::now();
+        let ext = extension_of(&job.input.key);
+        let audio = self.settings.audio.clone();
+        let decoded: Decoded = tokio::task::spawn_blocking(move || {
+            decode::decode_segments(&bytes, ext.as_deref(), &audio)
+        })
+        .await
+        .map_err(|e| DispatchError::Audio {
+            reason: "decoder_crashed",
+            message: e.to_string(),
+        })??;
+        self.stage(Stage::Decode, t);
+
+        let t = Instant::now();
+        let _slot = self
+            .inference
+            .acquire()
+            .await
+            .expect("inference semaphore is never closed (bug)");
+        self.stage(Stage::QueueWait, t);
+
+        let t = Instant::now();
+        let pieces = self.infer(&decoded).await?;
+        let inference_s = t.elapsed().as_secs_f64();
+        drop(_slot);
+        self.stage(Stage::Inference, t);
+        self.metrics
+            .emit(MetricEvent::AudioSeconds(decoded.duration_s));
+        if inference_s > 0.0 {
+            self.metrics
+                .emit(MetricEvent::Rtfx(decoded.duration_s / inference_s));
+        }
+
+        let transcript = stitch(pieces, decoded.duration_s);
+        let rendered = job
+            .formats
+            .iter()
+            .map(|f| Ok((*f, render::render(*f, &transcript)?)))
+            .collect::<Result<Vec<(OutputFormat, String)>>>()?;
+
+        let t = Instant::now();
+        let manifest = Manifest {
+            schema_version: RECORD_SCHEMA_VERSION,
+            job_id: job.job_id.clone(),
+            input: InputInfo::new(&job.input, Some(meta)),
+            model_id: self.model_id().to_owned(),
+            audio_duration_s: decoded.duration_s,
+            segments: decoded.segments.len(),
+            outputs: Vec::new(),
+            created_at_ms: now_ms(),
+            dispatcher_version: env!("CARGO_PKG_VERSION").to_owned(),
+        };
+        let written = self.writer().write_result(loc, rendered, manifest).await?;
+        self.stage(Stage::Upload, t);
+        tracing::info!(job_id = %job.job_id, dir = %loc.dir, audio_s = decoded.duration_s,
+            total_s = started.elapsed().as_secs_f64(), "job finished");
+        Ok(match written {
+            WriteOutcome::Written => JobOutcome::Done {
+                manifest_key: loc.manifest_key(),
+            },
+            WriteOutcome::AlreadyDone => JobOutcome::AlreadyDone,
+        })
+    }
+
+    /// Runs the model over the segments a few at a time on a blocking thread.
+    async fn infer(&self, decoded: &Decoded) -> Result<Vec<Piece>> {
+        let per_call = self.settings.segments_per_call.max(1);
+        let frame_s = self.transcriber.frame_duration_s();
+        let rate = f64::from(audio::TARGET_SAMPLE_RATE_HZ);
+        let mut pieces = Vec::with_capacity(decoded.segments.len());
+        for batch in decoded.segments.chunks(per_call) {
+            let transcriber = self.transcriber.clone();
+            let pcm = decoded.pcm.clone();
+            let ranges = batch.to_vec();
+            let transcripts = tokio::task::spawn_blocking(move || {
+                let refs: Vec<&[f32]> = ranges.iter().map(|r| &pcm[r.clone()]).collect();
+                transcriber.transcribe(&refs)
+            })
+            .await
+            .map_err(|e| DispatchError::Inference(format!("inference thread panicked: {e}")))??;
+            if transcripts.len() != batch.len() {
+                return Err(DispatchError::Inference(format!(
+                    "{} transcripts for {} segments",
+                    transcripts.len(),
+                    batch.len()
+                )));
+            }
+            for (range, transcript) in batch.iter().zip(transcripts) {
+                let offset_s = range.start as f64 / rate;
+                pieces.push(Piece {
+                    offset_s,
+                    offset_frames: (offset_s / frame_s).round() as usize,
+                    transcript,
+                });
+            }
+        }
+        Ok(pieces)
+    }
+
+    fn stage(&self, stage: Stage, since: Instant) {
+        self.metrics.emit(MetricEvent::StageSeconds {
+            stage,
+            seconds: since.elapsed().as_secs_f64(),
+        });
+    }
+}
+
+/// Lower-case extension of the key's last segment, as a decoding hint.
+fn extension_of(key: &str) -> Option<String> {
+    let name = key.rsplit('/').next()?;
+    let (_, ext) = name.rsplit_once('.')?;
+    (!ext.is_empty() && ext.len() <= 8).then(|| ext.to_ascii_lowercase())
+}

@@ -1,0 +1,71 @@
+//! Object stores: S3 (or anything that speaks it) and a local directory.
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+use crate::error::Result;
+use crate::job::ObjectRef;
+
+pub mod keys;
+pub mod local;
+pub mod s3;
+
+/// What a HEAD (or a GET) tells us about one object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectMeta {
+    pub size_bytes: u64,
+    /// Entity tag without quotes; identifies the content of this version.
+    pub etag: String,
+    pub version_id: Option<String>,
+}
+
+/// Result of a create-only write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutOutcome {
+    Created,
+    /// Something already sits at that key (`412 Precondition Failed`): not overwritten.
+    AlreadyExists,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedObject {
+    pub key: String,
+    pub size_bytes: u64,
+    pub etag: String,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ListPage {
+    pub objects: Vec<ListedObject>,
+    /// Pass back to get the next page; `None` on the last page.
+    pub next: Option<String>,
+}
+
+/// The operations the pipeline needs from an object store.
+#[async_trait]
+pub trait ObjectStore: Send + Sync {
+    /// Metadata of the object (at its version, when given); `None` when it does not exist.
+    async fn head(&self, object: &ObjectRef) -> Result<Option<ObjectMeta>>;
+
+    /// The whole object, refused (`ObjectTooLarge`) above `max_bytes` before it is buffered.
+    /// With `if_etag`, a GET of content other than that etag is a transient error.
+    async fn get(&self, object: &ObjectRef, max_bytes: u64, if_etag: Option<&str>)
+        -> Result<Bytes>;
+
+    /// Creates `bucket/key` only if nothing is there (`If-None-Match: *`).
+    async fn put_if_absent(
+        &self,
+        bucket: &str,
+        key: &str,
+        body: Bytes,
+        content_type: &str,
+    ) -> Result<PutOutcome>;
+
+    /// One page (up to 1000 keys) of objects under `prefix`, in key order.
+    async fn list_page(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        continuation: Option<String>,
+    ) -> Result<ListPage>;
+}
