@@ -89,3 +89,55 @@ extern "C" __global__ void merge_heads(const bf16_t* ctx, int batch, int time, i
         out[i] = ctx[(((long long)h * batch + b) * time + t) * head_dim + e];
     }
 }
+
+// Local (banded) variant, NeMo rel_pos_local_attn without global tokens. Query i sees keys
+// i-left ..= i+right inside the utterance; bd [hb, time, left+right+1] is (q+v)P_band^T with the
+// band table of positions left, ..., -right. Band column c = j - i + w (w = max(left, right))
+// takes bd column c when c < left, column left + c - (2w - right) when c >= 2w - right, and no bd
+// term otherwise (NeMo's placement, mirrored from the CPU reference). Keys outside the window get
+// exactly 0, as do all keys of query rows i >= lengths[b].
+__device__ __forceinline__ float local_score(const float* a, const float* s, int i, int j,
+                                             int left, int right, int w, float scale) {
+    const int c = j - i + w;
+    float b = 0.0f;
+    if (c < left) {
+        b = s[c];
+    } else if (c >= 2 * w - right) {
+        b = s[left + c - (2 * w - right)];
+    }
+    return (a[j] + b) * scale;
+}
+
+extern "C" __global__ void local_rel_pos_softmax(const float* ac, const float* bd,
+                                                 const int* lengths, float scale, int batch,
+                                                 int time, int left, int right, bf16_t* probs) {
+    const long long row = blockIdx.x;
+    const int i = (int)(row % time);
+    const int b = (int)((row / time) % batch);
+    const int valid = min(max(lengths[b], 0), time);
+    bf16_t* out = probs + row * time;
+    if (i >= valid) {
+        for (int j = threadIdx.x; j < time; j += blockDim.x) out[j] = 0;
+        return;
+    }
+    const int w = max(left, right);
+    const int lo = max(i - left, 0);
+    const int hi = min(i + right + 1, valid);
+    const float* a = ac + row * time;
+    const float* s = bd + row * (long long)(left + right + 1);
+    float m = -F32_INFINITY;
+    for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+        m = fmaxf(m, local_score(a, s, i, j, left, right, w, scale));
+    }
+    m = block_max(m);
+    float sum = 0.0f;
+    for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
+        sum += expf(local_score(a, s, i, j, left, right, w, scale) - m);
+    }
+    const float inv = 1.0f / block_sum(sum);
+    for (int j = threadIdx.x; j < time; j += blockDim.x) {
+        out[j] = (j >= lo && j < hi)
+                     ? f32_to_bf16(expf(local_score(a, s, i, j, left, right, w, scale) - m) * inv)
+                     : (bf16_t)0;
+    }
+}

@@ -81,11 +81,12 @@ pub(crate) enum Kernel {
     SplitQkvHeads,
     SplitPosHeads,
     RelPosSoftmax,
+    LocalRelPosSoftmax,
     MergeHeads,
 }
 
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 18] = [
+    pub(crate) const ALL: [Kernel; 19] = [
         Kernel::F32ToBf16,
         Kernel::Bf16ToF32,
         Kernel::Silu,
@@ -103,6 +104,7 @@ impl Kernel {
         Kernel::SplitQkvHeads,
         Kernel::SplitPosHeads,
         Kernel::RelPosSoftmax,
+        Kernel::LocalRelPosSoftmax,
         Kernel::MergeHeads,
     ];
 
@@ -126,6 +128,7 @@ impl Kernel {
             Kernel::SplitQkvHeads => "split_qkv_heads",
             Kernel::SplitPosHeads => "split_pos_heads",
             Kernel::RelPosSoftmax => "rel_pos_softmax",
+            Kernel::LocalRelPosSoftmax => "local_rel_pos_softmax",
             Kernel::MergeHeads => "merge_heads",
         }
     }
@@ -146,6 +149,7 @@ impl Kernel {
             Kernel::SplitQkvHeads
             | Kernel::SplitPosHeads
             | Kernel::RelPosSoftmax
+            | Kernel::LocalRelPosSoftmax
             | Kernel::MergeHeads => KernelModule::Attention,
         }
     }

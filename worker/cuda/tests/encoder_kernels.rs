@@ -522,3 +522,127 @@ fn rel_pos_softmax_matches_reference_with_relative_shift_and_masks() {
         });
     }
 }
+
+/// The CPU reference's band placement: bd column for key j of query i, if any.
+fn local_bd_column(i: usize, j: usize, left: usize, right: usize) -> Option<usize> {
+    let w = left.max(right);
+    let c = j + w - i;
+    if c < left {
+        Some(c)
+    } else if c >= 2 * w - right {
+        Some(left + c - (2 * w - right))
+    } else {
+        None
+    }
+}
+
+#[test]
+fn local_rel_pos_softmax_matches_reference_inside_the_band_and_zeroes_outside() {
+    let Some(engine) = engine("local_rel_pos_softmax") else {
+        return;
+    };
+    let mut rng = Rng::fresh("local_rel_pos_softmax");
+    let cases = [
+        (
+            HeadShape {
+                batch: 1,
+                time: 1,
+                heads: 1,
+                head_dim: 8,
+            },
+            vec![1],
+            (1, 1),
+        ),
+        (
+            HeadShape {
+                batch: 2,
+                time: 17,
+                heads: 3,
+                head_dim: 8,
+            },
+            vec![17, 5],
+            (2, 2),
+        ),
+        (
+            HeadShape {
+                batch: 3,
+                time: 130,
+                heads: 2,
+                head_dim: 8,
+            },
+            vec![130, 0, 77],
+            (16, 16),
+        ),
+        (
+            HeadShape {
+                batch: 1,
+                time: 75,
+                heads: 2,
+                head_dim: 8,
+            },
+            vec![61],
+            (8, 3),
+        ),
+        (
+            HeadShape {
+                batch: 1,
+                time: 75,
+                heads: 2,
+                head_dim: 8,
+            },
+            vec![75],
+            (2, 9),
+        ),
+    ];
+    let scale = 0.25f32;
+    for (shape, lengths_host, (left, right)) in cases {
+        let HeadShape {
+            batch, time, heads, ..
+        } = shape;
+        let band = left + right + 1;
+        let rows = heads * batch * time;
+        let ac_host = rng.f32_vec(rows * time, 0.0, 3.0);
+        let bd_host = rng.f32_vec(rows * band, 0.0, 3.0);
+        let ac = engine.upload(&ac_host).expect("ac");
+        let bd = engine.upload(&bd_host).expect("bd");
+        let lengths = engine.upload(&lengths_host).expect("lengths");
+        let mut probs = poisoned_bf16(&engine, rows * time);
+        engine
+            .local_rel_pos_softmax(&ac, &bd, &lengths, scale, shape, (left, right), &mut probs)
+            .expect("softmax");
+        let got = to_f32(&engine.download(&probs).expect("dl"));
+        let mut want = vec![0.0f64; rows * time];
+        for row in 0..rows {
+            let (i, b) = (row % time, (row / time) % batch);
+            let valid = lengths_host[b].max(0) as usize;
+            if i >= valid {
+                continue;
+            }
+            let (lo, hi) = (i.saturating_sub(left), (i + right + 1).min(valid));
+            let scores: Vec<f64> = (lo..hi)
+                .map(|j| {
+                    let bd_term = local_bd_column(i, j, left, right)
+                        .map_or(0.0, |c| f64::from(bd_host[row * band + c]));
+                    f64::from(scale) * (f64::from(ac_host[row * time + j]) + bd_term)
+                })
+                .collect();
+            let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+            for (k, s) in scores.iter().enumerate() {
+                want[row * time + lo + k] = (s - max).exp() / sum;
+            }
+        }
+        assert_close(
+            &format!("local_rel_pos_softmax {shape:?} [{left},{right}]"),
+            &got,
+            &want,
+            |i| {
+                if want[i] == 0.0 {
+                    0.0
+                } else {
+                    BF16_ULP * want[i] + 1e-7
+                }
+            },
+        );
+    }
+}

@@ -4,7 +4,7 @@
 
 use cudarc::driver::CudaSlice;
 use models::checkpoint::TensorMap;
-use models::config::EncoderConfig;
+use models::config::{AttentionModel, EncoderConfig};
 
 use super::profile::{lap, Laps, Stage};
 use super::weights::{DeviceDepthwise, DeviceLayerNorm, DeviceLinear};
@@ -65,6 +65,7 @@ struct SelfAttention {
     out: DeviceLinear,
     pos_bias_u: CudaSlice<f32>,
     pos_bias_v: CudaSlice<f32>,
+    attention: AttentionModel,
 }
 
 impl SelfAttention {
@@ -126,14 +127,17 @@ impl SelfAttention {
             )?,
             pos_bias_u: pos_bias("pos_bias_u")?,
             pos_bias_v: pos_bias("pos_bias_v")?,
+            attention: cfg.attention,
         })
     }
 
-    /// `ws.branch = MHSA(ws.normed)` with full relative-position attention.
+    /// `ws.branch = MHSA(ws.normed)` with full or local relative-position attention. Local
+    /// attention still computes the full `T×T` `QKᵀ` and masks outside the band (correct, not
+    /// yet the memory saving the local variant exists for).
     fn forward(&self, engine: &CudaEngine, ws: &mut Workspace) -> Result<()> {
         let shape = ws.shape;
         let rows = shape.batch * shape.time;
-        let positions = shape.positions();
+        let positions = ws.positions;
         let heads_batch = shape.heads * shape.batch;
         self.qkv
             .forward_bf16(engine, &ws.normed, rows, &mut ws.qkv)?;
@@ -178,14 +182,25 @@ impl SelfAttention {
             &mut ws.scores_bd,
         )?;
         let scale = 1.0 / (shape.head_dim as f32).sqrt();
-        engine.rel_pos_softmax(
-            &ws.scores_ac,
-            &ws.scores_bd,
-            &ws.lengths,
-            scale,
-            shape,
-            &mut ws.probs,
-        )?;
+        match self.attention {
+            AttentionModel::RelPos => engine.rel_pos_softmax(
+                &ws.scores_ac,
+                &ws.scores_bd,
+                &ws.lengths,
+                scale,
+                shape,
+                &mut ws.probs,
+            )?,
+            AttentionModel::RelPosLocal { left, right } => engine.local_rel_pos_softmax(
+                &ws.scores_ac,
+                &ws.scores_bd,
+                &ws.lengths,
+                scale,
+                shape,
+                (left, right),
+                &mut ws.probs,
+            )?,
+        }
         engine.matmul(
             &per_head(shape.head_dim, shape.time, BLayout::KByN),
             &ws.probs,

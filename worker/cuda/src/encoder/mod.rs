@@ -1,4 +1,4 @@
-//! The FastConformer encoder (NeMo `ConformerEncoder`, full `rel_pos` attention) on the GPU in
+//! The FastConformer encoder (NeMo `ConformerEncoder`, `rel_pos` or `rel_pos_local_attn`) on the GPU in
 //! bf16 with fp32 accumulation and an fp32 residual stream, for a padded batch of utterances.
 //!
 //! Every utterance of a batch gets what it would get alone: padded feature frames read as zero in
@@ -65,13 +65,15 @@ impl GpuEncoder {
 
     /// Converts the `encoder.*` tensors of `tensors` to device buffers.
     pub fn load(engine: &CudaEngine, tensors: &TensorMap, cfg: &EncoderConfig) -> Result<Self> {
-        if let AttentionModel::RelPosLocal { .. } = cfg.attention {
-            return Err(ModelError::UnsupportedConfig {
-                file: tensors.source.clone(),
-                key: "encoder.self_attention_model".into(),
-                value: "rel_pos_local_attn (not implemented on the GPU yet)".into(),
+        if let AttentionModel::RelPosLocal { left, right } = cfg.attention {
+            if left.max(right) == 0 {
+                return Err(ModelError::InvalidConfig {
+                    file: tensors.source.clone(),
+                    key: "encoder.att_context_size".into(),
+                    problem: "local attention needs a context larger than 0".into(),
+                }
+                .into());
             }
-            .into());
         }
         if cfg.n_heads == 0
             || !cfg.d_model.is_multiple_of(cfg.n_heads)
@@ -189,6 +191,7 @@ impl GpuEncoder {
         };
         let size = WorkspaceSize {
             key: (input.batch, input.time),
+            attention: self.cfg.attention,
             shape,
             ff_hidden: self.cfg.ff_hidden,
             subsampling_elements: self.subsampling.scratch_elements(input.batch, input.time),

@@ -3,8 +3,9 @@
 
 use cudarc::driver::CudaSlice;
 use half::bf16;
+use models::config::AttentionModel;
 
-use super::pos_table::relative_table;
+use super::pos_table::{positions_for, table_for};
 use super::weights::upload_bf16;
 use crate::device::CudaEngine;
 use crate::error::Result;
@@ -14,6 +15,8 @@ pub(crate) struct Workspace {
     /// `(batch, padded feature frames)` this workspace was sized for.
     pub(crate) key: (usize, usize),
     pub(crate) shape: HeadShape,
+    /// Rows of the position table (`2·time-1`, or the local band).
+    pub(crate) positions: usize,
     /// Subsampling activations, each sized for the first convolution's output.
     pub(crate) subsampling_a: CudaSlice<bf16>,
     pub(crate) subsampling_b: CudaSlice<bf16>,
@@ -30,7 +33,7 @@ pub(crate) struct Workspace {
     pub(crate) q_v: CudaSlice<bf16>,
     pub(crate) k: CudaSlice<bf16>,
     pub(crate) v: CudaSlice<bf16>,
-    /// The sinusoid table `[2·time-1, d]` (the same for every layer).
+    /// The sinusoid table `[positions, d]` (the same for every layer).
     pub(crate) pos_table: CudaSlice<bf16>,
     pub(crate) pos_projected: CudaSlice<bf16>,
     pub(crate) pos_heads: CudaSlice<bf16>,
@@ -49,6 +52,7 @@ pub(crate) struct Workspace {
 /// What a workspace is sized from.
 pub(crate) struct WorkspaceSize {
     pub(crate) key: (usize, usize),
+    pub(crate) attention: AttentionModel,
     pub(crate) shape: HeadShape,
     pub(crate) ff_hidden: usize,
     pub(crate) subsampling_elements: usize,
@@ -59,12 +63,13 @@ impl Workspace {
         let (shape, ff_hidden) = (size.shape, size.ff_hidden);
         let n = shape.elements();
         let rows = shape.batch * shape.time;
-        let positions = shape.positions();
+        let positions = positions_for(size.attention, shape.time);
         let d = shape.d_model();
         let scores = shape.heads * shape.batch * shape.time * shape.time;
         Ok(Self {
             key: size.key,
             shape,
+            positions,
             subsampling_a: engine.zeros(size.subsampling_elements)?,
             subsampling_b: engine.zeros(size.subsampling_elements)?,
             x: engine.zeros(n)?,
@@ -77,7 +82,7 @@ impl Workspace {
             q_v: engine.zeros(n)?,
             k: engine.zeros(n)?,
             v: engine.zeros(n)?,
-            pos_table: upload_bf16(engine, &relative_table(shape.time, d))?,
+            pos_table: upload_bf16(engine, &table_for(size.attention, shape.time, d))?,
             pos_projected: engine.zeros(positions * d)?,
             pos_heads: engine.zeros(shape.batch * positions * d)?,
             scores_ac: engine.zeros(scores)?,

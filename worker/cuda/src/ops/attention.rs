@@ -176,6 +176,52 @@ impl CudaEngine {
         }
     }
 
+    /// Local-attention softmax over keys `i-left ..= i+right`; `bd` is `[heads*batch, time,
+    /// left+right+1]` against the band table. See `kernels/attention.cu` for the placement.
+    #[allow(clippy::too_many_arguments)]
+    pub fn local_rel_pos_softmax(
+        &self,
+        ac: &CudaSlice<f32>,
+        bd: &CudaSlice<f32>,
+        lengths: &CudaSlice<i32>,
+        scale: f32,
+        shape: HeadShape,
+        (left, right): (usize, usize),
+        probs: &mut CudaSlice<bf16>,
+    ) -> Result<()> {
+        const OP: &str = "local_rel_pos_softmax";
+        let [batch, time, _, _] = shape.kernel_args(OP)?;
+        let (left_arg, right_arg) = (to_i32(OP, "left", left)?, to_i32(OP, "right", right)?);
+        let rows = shape.heads * shape.batch * shape.time;
+        check_len(OP, "ac", ac.len(), rows * shape.time)?;
+        check_len(OP, "bd", bd.len(), rows * (left + right + 1))?;
+        check_len(OP, "probs", probs.len(), rows * shape.time)?;
+        check_len(OP, "lengths", lengths.len(), shape.batch)?;
+        let grid = rows_for_grid(OP, rows)?;
+        // SAFETY: signature (const float* ac, const float* bd, const int* lengths, float scale,
+        // int batch, int time, int left, int right, bf16_t* probs); one block per row of
+        // heads*batch*time rows; ac and probs hold rows*time, bd rows*(left+right+1) elements
+        // and the kernel reads bd only at columns 0 ..= left+right.
+        unsafe {
+            self.launch(
+                Kernel::LocalRelPosSoftmax,
+                per_row_config(grid),
+                || format!("{shape:?} left={left} right={right}"),
+                |args| {
+                    args.arg(ac)
+                        .arg(bd)
+                        .arg(lengths)
+                        .arg(&scale)
+                        .arg(&batch)
+                        .arg(&time)
+                        .arg(&left_arg)
+                        .arg(&right_arg)
+                        .arg(probs);
+                },
+            )
+        }
+    }
+
     /// Head-major `ctx` `[heads, batch, time, head_dim]` back to `[batch, time, d]`.
     pub fn merge_heads(
         &self,
