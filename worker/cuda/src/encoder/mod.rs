@@ -279,3 +279,12 @@ impl GpuEncoder {
         self.download(engine, &output)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn gpu_encoder_can_be_shared_between_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<super::GpuEncoder>();
+    }
+}
