@@ -126,6 +126,10 @@ impl Timestamper {
         &self.detokenizer
     }
 
+    pub fn timing(&self) -> &FrameTiming {
+        &self.timing
+    }
+
     /// The transcript of `hyp`, for audio of `num_samples` samples.
     pub fn transcript(
         &self,

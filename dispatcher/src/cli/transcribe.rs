@@ -1,21 +1,272 @@
-//! `dispatcher transcribe`: local files through the in-process engine.
+//! `dispatcher transcribe`: local audio files through an in-process engine on the CPU, one
+//! document per file, to stdout or `--out DIR/<stem>.<ext>`.
+//!
+//! The model is loaded once. Each file is decoded by the `audio` crate (any supported container,
+//! resampled to 16 kHz mono), cut into segments of at most `--max-segment-secs` at quiet points,
+//! transcribed a few segments per call, and the segment transcripts are joined. A file that
+//! fits in one segment keeps NeMo's transcript exactly as computed. A failing file is reported
+//! with its name and the others still run; the exit status is non-zero if any failed.
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use clap::ValueEnum;
+use dispatcher::transcriber::{stitch, Piece};
+use models::onnx::{OnnxModel, OnnxOptions};
+use models::render::{render, OutputFormat, RenderOptions};
+use models::timestamps::{FrameTiming, TimestampOptions, Timestamper};
+use models::transcript::Transcript;
+use models::ParakeetModel;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Format {
+    Json,
+    #[value(name = "verbose_json")]
+    VerboseJson,
+    Text,
+    Srt,
+    Vtt,
+}
+
+impl From<Format> for OutputFormat {
+    fn from(f: Format) -> Self {
+        match f {
+            Format::Json => OutputFormat::Json,
+            Format::VerboseJson => OutputFormat::VerboseJson,
+            Format::Text => OutputFormat::Text,
+            Format::Srt => OutputFormat::Srt,
+            Format::Vtt => OutputFormat::Vtt,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum EngineKind {
+    /// The plain-Rust f32 reference model, from a `.nemo` file.
+    Native,
+    /// ONNX Runtime (CPU) on an export directory; needs `ORT_DYLIB_PATH`.
+    Onnx,
+}
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct TranscribeArgs {
     /// The model: a `.nemo` file (native engine) or an ONNX export directory (onnx engine).
     #[arg(long, env = "PARAKEET_MODEL")]
     pub(crate) model: PathBuf,
+    /// Output document format.
+    #[arg(long, value_enum, default_value_t = Format::Json)]
+    pub(crate) format: Format,
+    #[arg(long, value_enum, default_value_t = EngineKind::Native)]
+    pub(crate) engine: EngineKind,
+    /// Write `<DIR>/<file stem>.<ext>` per input instead of printing to stdout.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) out: Option<PathBuf>,
+    /// `language` written into verbose_json (e.g. `english`); omitted when not given.
+    #[arg(long)]
+    pub(crate) language: Option<String>,
+    /// Longest piece of audio given to the model at once; longer files are cut at quiet points.
+    #[arg(long, default_value_t = 30.0)]
+    pub(crate) max_segment_secs: f64,
+    /// Segments transcribed together in one batch.
+    #[arg(long, default_value_t = 4)]
+    pub(crate) segments_per_call: usize,
     /// Audio files to transcribe.
     #[arg(required = true)]
     pub(crate) files: Vec<PathBuf>,
 }
 
+/// A loaded model and the timestamp pass for its vocabulary.
+enum Engine {
+    Native(ParakeetModel),
+    Onnx(OnnxModel),
+}
+
+impl Engine {
+    fn load(kind: EngineKind, path: &Path) -> anyhow::Result<(Self, Timestamper)> {
+        let started = std::time::Instant::now();
+        let loaded = match kind {
+            EngineKind::Native => {
+                let model = ParakeetModel::load(path)?;
+                let timestamper = Timestamper::for_model(model.vocabulary(), model.config());
+                (Engine::Native(model), timestamper)
+            }
+            EngineKind::Onnx => {
+                let model = OnnxModel::load(path, &OnnxOptions::default())?;
+                let timestamper = Timestamper::new(
+                    model.vocabulary(),
+                    onnx_frame_timing(&model),
+                    TimestampOptions::default(),
+                );
+                (Engine::Onnx(model), timestamper)
+            }
+        };
+        tracing::info!(model = %path.display(), load_s = started.elapsed().as_secs_f64(), "model loaded");
+        Ok(loaded)
+    }
+
+    fn transcribe_batch(
+        &mut self,
+        pcm: &[&[f32]],
+    ) -> Result<Vec<models::transcript::Hypothesis>, models::ModelError> {
+        match self {
+            Engine::Native(m) => m.transcribe_batch(pcm),
+            Engine::Onnx(m) => m.transcribe_batch(pcm),
+        }
+    }
+}
+
+/// An ONNX export has no `window_stride`; take it from the feature settings when the Rust
+/// extractor computes the features, else NeMo's 10 ms hop.
+fn onnx_frame_timing(model: &OnnxModel) -> FrameTiming {
+    let sample_rate_hz = audio::TARGET_SAMPLE_RATE_HZ;
+    let window_stride_s = model.feature_config().map_or(0.01, |f| {
+        f.hop_length_samples as f64 / f64::from(f.sample_rate_hz)
+    });
+    let subsampling_factor = (model.seconds_per_encoder_frame() / window_stride_s)
+        .round()
+        .max(1.0) as usize;
+    FrameTiming {
+        window_stride_s,
+        subsampling_factor,
+        sample_rate_hz,
+    }
+}
+
+struct Transcribing<'a> {
+    engine: Engine,
+    timestamper: Timestamper,
+    args: &'a TranscribeArgs,
+}
+
+impl Transcribing<'_> {
+    fn file(&mut self, path: &Path) -> anyhow::Result<Transcript> {
+        let bytes = std::fs::read(path).context("reading")?;
+        let ext = path.extension().and_then(|e| e.to_str());
+        let decoded = audio::decode(&bytes, ext, &audio::AudioLimits::default())?;
+        let segmenter = audio::SegmenterConfig {
+            max_segment_secs: self.args.max_segment_secs,
+            ..audio::SegmenterConfig::default()
+        };
+        let segments: Vec<audio::Segment<'_>> =
+            audio::segments(&decoded.pcm_16k, &segmenter).collect();
+        let rate = f64::from(audio::TARGET_SAMPLE_RATE_HZ);
+        let frame_s = self.timestamper.timing().seconds(1);
+        let mut pieces = Vec::with_capacity(segments.len());
+        for batch in segments.chunks(self.args.segments_per_call.max(1)) {
+            let pcm: Vec<&[f32]> = batch.iter().map(|s| s.samples).collect();
+            let hyps = self.engine.transcribe_batch(&pcm)?;
+            if hyps.len() != batch.len() {
+                bail!(
+                    "{} hypotheses for {} segments (bug)",
+                    hyps.len(),
+                    batch.len()
+                );
+            }
+            for (segment, hyp) in batch.iter().zip(&hyps) {
+                let transcript = self.timestamper.transcript(hyp, segment.samples.len())?;
+                let offset_s = segment.start_sample as f64 / rate;
+                pieces.push(Piece {
+                    offset_s,
+                    offset_frames: (offset_s / frame_s).round() as usize,
+                    transcript,
+                });
+            }
+        }
+        if pieces.len() == 1 && pieces[0].offset_s == 0.0 {
+            // One segment from the start: NeMo's transcript untouched (no re-joined text).
+            if let Some(only) = pieces.pop() {
+                return Ok(Transcript {
+                    duration_s: decoded.duration_secs,
+                    ..only.transcript
+                });
+            }
+        }
+        Ok(stitch(pieces, decoded.duration_secs))
+    }
+}
+
+/// `<dir>/<stem>.<ext>` per input; two inputs with the same stem would overwrite each other.
+fn output_paths(
+    dir: &Path,
+    files: &[PathBuf],
+    format: OutputFormat,
+) -> anyhow::Result<Vec<PathBuf>> {
+    let mut seen: BTreeMap<PathBuf, &Path> = BTreeMap::new();
+    let mut paths = Vec::with_capacity(files.len());
+    for file in files {
+        let stem = file
+            .file_stem()
+            .map_or_else(|| "audio".into(), |s| s.to_string_lossy().into_owned());
+        let path = dir.join(format!("{stem}.{}", format.extension()));
+        if let Some(other) = seen.insert(path.clone(), file) {
+            bail!(
+                "{} and {} would both be written to {}",
+                other.display(),
+                file.display(),
+                path.display()
+            );
+        }
+        paths.push(path);
+    }
+    Ok(paths)
+}
+
 pub(crate) fn run(args: TranscribeArgs) -> anyhow::Result<()> {
-    anyhow::bail!(
-        "transcription is not wired yet ({} files, model {})",
-        args.files.len(),
-        args.model.display()
-    )
+    let format = OutputFormat::from(args.format);
+    let out_paths = match &args.out {
+        Some(dir) => {
+            let paths = output_paths(dir, &args.files, format)?;
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            Some(paths)
+        }
+        None => None,
+    };
+    let (engine, timestamper) = Engine::load(args.engine, &args.model)
+        .with_context(|| format!("loading model {}", args.model.display()))?;
+    let options = RenderOptions {
+        language: args.language.clone(),
+    };
+    let mut job = Transcribing {
+        engine,
+        timestamper,
+        args: &args,
+    };
+
+    let several_to_stdout = out_paths.is_none() && args.files.len() > 1;
+    let mut failed = 0;
+    for (k, file) in args.files.iter().enumerate() {
+        let started = std::time::Instant::now();
+        let result = job.file(file).and_then(|transcript| {
+            let doc = render(&transcript, format, &options);
+            match &out_paths {
+                Some(paths) => std::fs::write(&paths[k], doc)
+                    .with_context(|| format!("writing {}", paths[k].display())),
+                None => {
+                    let mut stdout = std::io::stdout().lock();
+                    if several_to_stdout {
+                        // Like `head` with several files: a header names each document.
+                        let gap = if k > 0 { "\n" } else { "" };
+                        writeln!(stdout, "{gap}==> {} <==", file.display())?;
+                    }
+                    stdout.write_all(doc.as_bytes())?;
+                    stdout.flush().context("writing to stdout")
+                }
+            }
+        });
+        match result {
+            Ok(()) => {
+                tracing::info!(file = %file.display(), secs = started.elapsed().as_secs_f64(), "transcribed")
+            }
+            Err(e) => {
+                failed += 1;
+                eprintln!("{}: {e:#}", file.display());
+            }
+        }
+    }
+    if failed > 0 {
+        bail!("{failed} of {} files failed", args.files.len());
+    }
+    Ok(())
 }

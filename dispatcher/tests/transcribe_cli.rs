@@ -1,0 +1,213 @@
+//! `dispatcher transcribe` end to end: the built binary on checked-in fixture clips with the
+//! fixture model must print NeMo's recorded text, segments and words.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use anyhow::{ensure, Context, Result};
+use serde_json::Value;
+
+const MODEL: &str = "tdt-real-options";
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tests/fixtures")
+}
+
+fn clip(name: &str) -> PathBuf {
+    fixtures().join("clips").join(format!("{name}.wav"))
+}
+
+fn expected(clip: &str) -> Result<Value> {
+    let path = fixtures().join(MODEL).join("expected.json");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    Ok(doc["clips"][clip].clone())
+}
+
+fn transcribe(args: &[&str], files: &[PathBuf]) -> Result<Output> {
+    let model = fixtures().join(MODEL).join("model.nemo");
+    Command::new(env!("CARGO_BIN_EXE_dispatcher"))
+        .arg("transcribe")
+        .arg("--model")
+        .arg(&model)
+        .args(args)
+        .args(files)
+        .env("RUST_LOG", "warn")
+        .output()
+        .context("running dispatcher")
+}
+
+fn stdout_of(output: Output) -> Result<String> {
+    ensure!(
+        output.status.success(),
+        "exit {:?}, stderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8(output.stdout)?)
+}
+
+/// `HH:MM:SS<sep>mmm` written independently of the renderer.
+fn clock(seconds: f64, sep: char) -> String {
+    let ms = (seconds * 1000.0).round() as u64;
+    format!(
+        "{:02}:{:02}:{:02}{sep}{:03}",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1000 % 60,
+        ms % 1000
+    )
+}
+
+#[test]
+fn json_text_is_nemos() -> Result<()> {
+    for name in ["espeak_us", "audioeval_fox"] {
+        let out = stdout_of(transcribe(&["--format", "json"], &[clip(name)])?)?;
+        let doc: Value = serde_json::from_str(&out)?;
+        let want = expected(name)?;
+        ensure!(
+            !want["text"].as_str().unwrap_or("").is_empty(),
+            "fixture has text"
+        );
+        ensure!(
+            doc["text"] == want["text"],
+            "{name}: {} != NeMo {}",
+            doc["text"],
+            want["text"]
+        );
+    }
+    Ok(())
+}
+
+/// The ONNX engine needs ONNX Runtime (`ORT_DYLIB_PATH`); without it the test skips loudly,
+/// unless `REQUIRE_ORT` is set (CI).
+#[test]
+fn onnx_engine_text_is_nemos() -> Result<()> {
+    if std::env::var_os("ORT_DYLIB_PATH").is_none() {
+        ensure!(
+            std::env::var_os("REQUIRE_ORT").is_none(),
+            "REQUIRE_ORT is set but ORT_DYLIB_PATH is not"
+        );
+        eprintln!("SKIPPED onnx_engine_text_is_nemos: ORT_DYLIB_PATH is not set");
+        return Ok(());
+    }
+    let export = fixtures().join(MODEL).join("onnx");
+    let name = "espeak_us";
+    let output = Command::new(env!("CARGO_BIN_EXE_dispatcher"))
+        .args([
+            "transcribe",
+            "--engine",
+            "onnx",
+            "--format",
+            "json",
+            "--model",
+        ])
+        .arg(&export)
+        .arg(clip(name))
+        .env("RUST_LOG", "warn")
+        .output()?;
+    let doc: Value = serde_json::from_str(&stdout_of(output)?)?;
+    ensure!(
+        doc["text"] == expected(name)?["text"],
+        "onnx text {}",
+        doc["text"]
+    );
+    Ok(())
+}
+
+#[test]
+fn srt_cues_are_nemos_segments() -> Result<()> {
+    let name = "espeak_gb_fast";
+    let out = stdout_of(transcribe(&["--format", "srt"], &[clip(name)])?)?;
+    let want = expected(name)?;
+    let mut doc = String::new();
+    let segments = want["segments"].as_array().context("segments")?;
+    ensure!(!segments.is_empty(), "fixture has segments");
+    for (k, s) in segments.iter().enumerate() {
+        let start = s["start"].as_f64().context("start")?;
+        let end = s["end"].as_f64().context("end")?;
+        let text = s["segment"].as_str().context("segment")?;
+        doc.push_str(&format!(
+            "{}\n{} --> {}\n{}\n\n",
+            k + 1,
+            clock(start, ','),
+            clock(end, ','),
+            text.trim()
+        ));
+    }
+    ensure!(out == doc, "srt:\n{out}\nexpected:\n{doc}");
+    Ok(())
+}
+
+#[test]
+fn verbose_json_words_are_nemos() -> Result<()> {
+    let name = "espeak_us";
+    let out = stdout_of(transcribe(
+        &["--format", "verbose_json", "--language", "english"],
+        &[clip(name)],
+    )?)?;
+    let doc: Value = serde_json::from_str(&out)?;
+    let want = expected(name)?;
+    ensure!(doc["task"] == "transcribe" && doc["language"] == "english");
+    ensure!(doc["text"] == want["text"]);
+    let samples = want["num_samples"].as_f64().context("num_samples")?;
+    ensure!(doc["duration"].as_f64() == Some((samples / 16.0).round() / 1000.0));
+    let ours = doc["words"].as_array().context("words")?;
+    let nemo = want["words"].as_array().context("fixture words")?;
+    ensure!(ours.len() == nemo.len() && !ours.is_empty(), "word count");
+    for (o, n) in ours.iter().zip(nemo) {
+        let ms = |v: &Value| v.as_f64().map(|s| (s * 1000.0).round() as i64);
+        ensure!(
+            o["word"] == n["word"],
+            "word {} != {}",
+            o["word"],
+            n["word"]
+        );
+        ensure!(ms(&o["start"]) == ms(&n["start"]) && ms(&o["end"]) == ms(&n["end"]));
+    }
+    Ok(())
+}
+
+#[test]
+fn several_files_out_dir_and_a_failure() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let bad = dir.path().join("broken.wav");
+    std::fs::write(&bad, b"RIFF not really a wave file")?;
+    let out_dir = dir.path().join("out");
+    let output = transcribe(
+        &[
+            "--format",
+            "vtt",
+            "--out",
+            out_dir.to_str().context("utf-8 path")?,
+        ],
+        &[clip("espeak_us"), bad.clone(), clip("audioeval_fox")],
+    )?;
+    ensure!(!output.status.success(), "a failed file must fail the run");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    ensure!(
+        stderr.contains("broken.wav"),
+        "stderr names the file: {stderr}"
+    );
+    for name in ["espeak_us", "audioeval_fox"] {
+        let vtt = std::fs::read_to_string(out_dir.join(format!("{name}.vtt")))?;
+        ensure!(vtt.starts_with("WEBVTT\n\n00:00:"), "{name}: {vtt}");
+    }
+    ensure!(!out_dir.join("broken.vtt").exists());
+
+    // To stdout, each document is announced by its file name.
+    let out = stdout_of(transcribe(
+        &["--format", "text"],
+        &[clip("espeak_short"), clip("audioeval_fox")],
+    )?)?;
+    let want = format!(
+        "==> {} <==\n{}\n\n==> {} <==\n{}\n",
+        clip("espeak_short").display(),
+        expected("espeak_short")?["text"].as_str().context("text")?,
+        clip("audioeval_fox").display(),
+        expected("audioeval_fox")?["text"]
+            .as_str()
+            .context("text")?,
+    );
+    ensure!(out == want, "stdout:\n{out}\nexpected:\n{want}");
+    Ok(())
+}
