@@ -39,7 +39,7 @@ impl Heartbeat {
                     .saturating_sub(received_at.elapsed())
                     .saturating_sub(CAP_MARGIN);
                 let next = visibility.min(left);
-                if next < Duration::from_secs(1) {
+                if next.is_zero() || next < visibility.min(Duration::from_secs(1)) {
                     tracing::error!("visibility cap (12 h) reached; the message will reappear");
                     flag.store(true, Ordering::SeqCst);
                     return;
