@@ -97,3 +97,83 @@ fn clone_error(e: &DispatchError) -> DispatchError {
         message: e.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::queue::Received;
+    use async_trait::async_trait;
+    use std::sync::Mutex;
+
+    /// A queue whose batch deletes partly fail: "flaky" fails transiently once, "gone" always
+    /// fails permanently (as SQS reports a stale receipt).
+    #[derive(Default)]
+    struct PartlyFailing {
+        flaky_failed: Mutex<bool>,
+        deleted: Mutex<Vec<String>>,
+    }
+
+    fn entry_error(class: ErrorClass) -> DispatchError {
+        DispatchError::Queue {
+            op: "DeleteMessageBatch",
+            class,
+            message: "injected".into(),
+        }
+    }
+
+    #[async_trait]
+    impl Queue for PartlyFailing {
+        async fn receive(&self, _: usize, _: Duration, _: Duration) -> Result<Vec<Received>> {
+            Ok(Vec::new())
+        }
+        async fn extend(&self, _: &str, _: Duration) -> Result<()> {
+            Ok(())
+        }
+        async fn delete_batch(&self, receipts: &[String]) -> Result<Vec<Result<()>>> {
+            Ok(receipts
+                .iter()
+                .map(|r| match r.as_str() {
+                    "gone" => Err(entry_error(ErrorClass::Permanent)),
+                    "flaky"
+                        if !std::mem::replace(
+                            &mut *self.flaky_failed.lock().expect("lock"),
+                            true,
+                        ) =>
+                    {
+                        Err(entry_error(ErrorClass::Transient))
+                    }
+                    _ => {
+                        self.deleted.lock().expect("lock").push(r.clone());
+                        Ok(())
+                    }
+                })
+                .collect())
+        }
+        async fn release(&self, _: &str) -> Result<()> {
+            Ok(())
+        }
+        async fn send_batch(&self, _: &[String]) -> Result<Vec<Result<()>>> {
+            Ok(Vec::new())
+        }
+        async fn pending(&self) -> Result<u64> {
+            Ok(0)
+        }
+    }
+
+    #[tokio::test]
+    async fn partial_batch_failures_are_per_entry_and_never_success() {
+        let queue = Arc::new(PartlyFailing::default());
+        let deleter = Deleter::spawn(queue.clone(), Duration::from_millis(50));
+        let (ok, flaky, gone) = tokio::join!(
+            deleter.delete("ok".into()),
+            deleter.delete("flaky".into()),
+            deleter.delete("gone".into()),
+        );
+        assert!(ok.is_ok());
+        assert!(flaky.is_ok(), "transient entry retried");
+        assert!(gone.is_err(), "a failed entry is reported as failed");
+        let mut deleted = queue.deleted.lock().expect("lock").clone();
+        deleted.sort();
+        assert_eq!(deleted, vec!["flaky".to_owned(), "ok".to_owned()]);
+    }
+}

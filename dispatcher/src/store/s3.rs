@@ -93,7 +93,7 @@ where
             ctx.err().code().unwrap_or("?"),
             ctx.err().message().unwrap_or_default()
         ),
-        other => format!("{}", aws_smithy_error_chain(other)),
+        other => aws_smithy_error_chain(other),
     };
     DispatchError::Store {
         bucket: bucket.to_owned(),
