@@ -68,7 +68,9 @@ fn main() -> anyhow::Result<()> {
         peak_rss_mib()?
     );
 
-    println!("| length (s) | features (s) | encoder (s) | decoder (s) | total (s) | RTFx | tokens |");
+    println!(
+        "| length (s) | features (s) | encoder (s) | decoder (s) | total (s) | RTFx | tokens |"
+    );
     println!("|---|---|---|---|---|---|---|");
     for &length_s in &args.lengths_s {
         let n = (length_s * 16_000.0) as usize;
