@@ -9,44 +9,17 @@ use crate::error::{DispatchError, Result};
 /// The job-message schema this build reads and writes.
 pub const JOB_SCHEMA_VERSION: u64 = 1;
 
-/// Output formats a job can ask for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OutputFormat {
-    Json,
-    VerboseJson,
-    Text,
-    Srt,
-    Vtt,
-}
+/// Output formats a job can ask for: the renderers' own enum, so names cannot drift.
+pub use models::render::OutputFormat;
 
-impl OutputFormat {
-    pub const ALL: [OutputFormat; 5] = [
-        Self::Json,
-        Self::VerboseJson,
-        Self::Text,
-        Self::Srt,
-        Self::Vtt,
-    ];
-
-    /// Object name of this format inside a result prefix.
-    pub fn file_name(self) -> &'static str {
-        match self {
-            Self::Json => "transcript.json",
-            Self::VerboseJson => "transcript.verbose.json",
-            Self::Text => "transcript.txt",
-            Self::Srt => "transcript.srt",
-            Self::Vtt => "transcript.vtt",
-        }
-    }
-
-    pub fn content_type(self) -> &'static str {
-        match self {
-            Self::Json | Self::VerboseJson => "application/json",
-            Self::Text => "text/plain; charset=utf-8",
-            Self::Srt => "application/x-subrip",
-            Self::Vtt => "text/vtt",
-        }
+/// Object name of `format` inside a result prefix.
+pub fn result_file_name(format: OutputFormat) -> &'static str {
+    match format {
+        OutputFormat::Json => "transcript.json",
+        OutputFormat::VerboseJson => "transcript.verbose.json",
+        OutputFormat::Text => "transcript.txt",
+        OutputFormat::Srt => "transcript.srt",
+        OutputFormat::Vtt => "transcript.vtt",
     }
 }
 

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::error::{DispatchError, Result};
-use crate::job::{Job, ObjectRef, OutputFormat, Prefix};
+use crate::job::{result_file_name, Job, ObjectRef, OutputFormat, Prefix};
 use crate::lifecycle::retry::{retry_transient, RetrySettings};
 use crate::queue::now_ms;
 use crate::store::keys::MAX_KEY_BYTES;
@@ -241,7 +241,7 @@ impl Writer<'_> {
     ) -> Result<WriteOutcome> {
         manifest.outputs.clear();
         for (format, text) in rendered {
-            let key = loc.key(format.file_name());
+            let key = loc.key(result_file_name(format));
             let body = Bytes::from(text.into_bytes());
             manifest.outputs.push(OutputEntry {
                 format,

@@ -8,13 +8,15 @@
 use std::fmt;
 use std::str::FromStr;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::ModelError;
 use crate::transcript::{Segment, Transcript};
 
-/// An output format; parses from and prints as its API name (`verbose_json`, ...).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// An output format; parses from and prints as its API name (`verbose_json`, ...), in Rust
+/// (`FromStr`/`Display`) and in serde documents alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum OutputFormat {
     Json,
     VerboseJson,

@@ -26,18 +26,13 @@ pub(crate) struct EnqueueArgs {
     #[arg(long)]
     pub(crate) version_id: Option<String>,
     /// Output formats (default: all).
-    #[arg(long, value_delimiter = ',', value_parser = parse_format)]
+    #[arg(long, value_delimiter = ',')]
     pub(crate) formats: Vec<OutputFormat>,
     /// Ask for speaker diarization.
     #[arg(long)]
     pub(crate) diarize: bool,
     #[arg(long, default_value_t = 0)]
     pub(crate) priority: i32,
-}
-
-fn parse_format(s: &str) -> Result<OutputFormat, String> {
-    serde_json::from_value(serde_json::Value::String(s.to_owned()))
-        .map_err(|_| format!("unknown format `{s}` (json, verbose_json, text, srt, vtt)"))
 }
 
 pub(crate) async fn run(args: EnqueueArgs) -> anyhow::Result<()> {

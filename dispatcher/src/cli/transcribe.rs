@@ -21,28 +21,6 @@ use models::transcript::Transcript;
 use models::ParakeetModel;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum Format {
-    Json,
-    #[value(name = "verbose_json")]
-    VerboseJson,
-    Text,
-    Srt,
-    Vtt,
-}
-
-impl From<Format> for OutputFormat {
-    fn from(f: Format) -> Self {
-        match f {
-            Format::Json => OutputFormat::Json,
-            Format::VerboseJson => OutputFormat::VerboseJson,
-            Format::Text => OutputFormat::Text,
-            Format::Srt => OutputFormat::Srt,
-            Format::Vtt => OutputFormat::Vtt,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum EngineKind {
     /// The plain-Rust f32 reference model, from a `.nemo` file.
     Native,
@@ -56,8 +34,9 @@ pub(crate) struct TranscribeArgs {
     #[arg(long, env = "PARAKEET_MODEL")]
     pub(crate) model: PathBuf,
     /// Output document format.
-    #[arg(long, value_enum, default_value_t = Format::Json)]
-    pub(crate) format: Format,
+    /// Output document format: json, verbose_json, text, srt or vtt.
+    #[arg(long, default_value_t = OutputFormat::Json)]
+    pub(crate) format: OutputFormat,
     #[arg(long, value_enum, default_value_t = EngineKind::Native)]
     pub(crate) engine: EngineKind,
     /// Write `<DIR>/<file stem>.<ext>` per input instead of printing to stdout.
@@ -214,7 +193,7 @@ fn output_paths(
 }
 
 pub(crate) fn run(args: TranscribeArgs) -> anyhow::Result<()> {
-    let format = OutputFormat::from(args.format);
+    let format = args.format;
     let out_paths = match &args.out {
         Some(dir) => {
             let paths = output_paths(dir, &args.files, format)?;
