@@ -5,7 +5,8 @@
 //! Ignored by default; run on a GPU with
 //! `REQUIRE_CUDA=1 ./encoder_bench --ignored --nocapture`. Each figure is the median over
 //! repeated `GpuEncoder::run` calls (workspace allocation included), timed on the host around a
-//! stream synchronize, after warm-ups.
+//! stream synchronize, after warm-ups. `ENCODER_BENCH_SHAPES` (e.g. `1x30,4x30,16x30,16x60`:
+//! batch x seconds) overrides the default shapes.
 
 mod common;
 
@@ -184,6 +185,22 @@ fn random_tensors(cfg: &EncoderConfig, rng: &mut Rng) -> TensorMap {
     TensorMap::new(PathBuf::from("<random full-size encoder>"), map)
 }
 
+/// `(batch, seconds)` pairs from `ENCODER_BENCH_SHAPES`, or 1/4/16 x 30 s.
+fn bench_shapes() -> Result<Vec<(usize, usize)>> {
+    let Ok(spec) = std::env::var("ENCODER_BENCH_SHAPES") else {
+        return Ok(vec![(1, 30), (4, 30), (16, 30)]);
+    };
+    spec.split(',')
+        .map(|pair| {
+            let (b, s) = pair
+                .trim()
+                .split_once('x')
+                .ok_or_else(|| anyhow::anyhow!("shape {pair:?} is not BATCHxSECONDS"))?;
+            Ok((b.parse()?, s.parse()?))
+        })
+        .collect()
+}
+
 #[test]
 #[ignore = "GPU timing; run explicitly on a device"]
 fn encoder_throughput_full_size_random_weights() -> Result<()> {
@@ -202,7 +219,7 @@ fn encoder_throughput_full_size_random_weights() -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     let frames_per_second = 100usize;
-    for (batch, seconds) in [(1usize, 30usize), (4, 30), (16, 30)] {
+    for (batch, seconds) in bench_shapes()? {
         let frames = seconds * frames_per_second;
         let features: Vec<Features> = (0..batch)
             .map(|_| Features {
