@@ -89,6 +89,8 @@ def main():
     torch.manual_seed(0)
     with torch.device("cuda"):
         enc32 = build_encoder(use_sdpa=False).eval()
+    # pos_bias_u/v are made with torch.FloatTensor, which ignores the device context.
+    enc32 = enc32.cuda()
     print(f"parameters: {sum(p.numel() for p in enc32.parameters()) / 1e6:.1f} M", flush=True)
     variants = [False, True] if args.sdpa else [False]
     for use_sdpa in variants:

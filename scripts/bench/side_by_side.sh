@@ -10,7 +10,7 @@ SHAPES=${SHAPES:-1x30,4x30,16x30,16x60}
 export PYTHONUNBUFFERED=1
 { date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv;
   nvidia-smi | sed -n 3p; } | tee "$OUT/gpu.txt"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   || exit 1
 export PYTHONPATH=/tmp/site
 ENCODER_BENCH_SHAPES=$SHAPES REQUIRE_CUDA=1 ./.device/encoder_bench --ignored --nocapture 2>&1 \
