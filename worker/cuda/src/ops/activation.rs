@@ -11,24 +11,8 @@ use crate::kernels::Kernel;
 impl CudaEngine {
     /// `y = x * sigmoid(x)` over the first `x.len()` elements.
     pub fn silu(&self, x: &CudaSlice<bf16>, y: &mut CudaSlice<bf16>) -> Result<()> {
-        const OP: &str = "silu";
-        let n = x.len();
-        check_len(OP, "y", y.len(), n)?;
-        let count = to_i64(OP, "n", n)?;
-        if n == 0 {
-            return Ok(());
-        }
-        // SAFETY: signature (const bf16_t*, bf16_t*, long long); both buffers hold n elements.
-        unsafe {
-            self.launch(
-                Kernel::Silu,
-                elementwise_config(n),
-                || format!("n={n}"),
-                |args| {
-                    args.arg(x).arg(y).arg(&count);
-                },
-            )
-        }
+        // SAFETY: `Silu` has signature (const bf16_t*, bf16_t*, long long).
+        unsafe { self.launch_unary("silu", Kernel::Silu, x, y) }
     }
 
     /// GLU over channels: `x` is `[rows, 2 * half]`, `y[rows, half] = x[:, :half] *

@@ -16,7 +16,44 @@ pub use residual_norm::ResidualF32;
 pub use softmax::AttentionShape;
 pub use subsampling::{stride2_out_len, Conv2dShape};
 
+use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
+
+use crate::device::{elementwise_config, CudaEngine};
 use crate::error::{CudaEngineError, Result};
+use crate::kernels::Kernel;
+
+impl CudaEngine {
+    /// Launches an elementwise kernel with signature `(const A*, B*, long long n)` over
+    /// `n = x.len()` elements.
+    ///
+    /// # Safety
+    /// `kernel` must have exactly that signature and touch only indices `< n`.
+    pub(crate) unsafe fn launch_unary<A: DeviceRepr, B: DeviceRepr>(
+        &self,
+        op: &'static str,
+        kernel: Kernel,
+        x: &CudaSlice<A>,
+        y: &mut CudaSlice<B>,
+    ) -> Result<()> {
+        let n = x.len();
+        check_len(op, "y", y.len(), n)?;
+        let count = to_i64(op, "n", n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        // SAFETY: forwarded from this function's contract; both buffers hold n elements.
+        unsafe {
+            self.launch(
+                kernel,
+                elementwise_config(n),
+                || format!("n={n}"),
+                |args| {
+                    args.arg(x).arg(y).arg(&count);
+                },
+            )
+        }
+    }
+}
 
 /// Fails unless `have >= need` elements; nothing is launched on failure.
 pub(crate) fn check_len(op: &'static str, buffer: &str, have: usize, need: usize) -> Result<()> {
