@@ -20,11 +20,13 @@ pub fn result_file_name(format: OutputFormat) -> &'static str {
         OutputFormat::Text => "transcript.txt",
         OutputFormat::Srt => "transcript.srt",
         OutputFormat::Vtt => "transcript.vtt",
+        OutputFormat::Rttm => "transcript.rttm",
     }
 }
 
 fn default_formats() -> Vec<OutputFormat> {
-    OutputFormat::ALL.to_vec()
+    // `rttm` only exists for diarized jobs, which get it added (see `Job::output_formats`).
+    OutputFormat::TRANSCRIPT.to_vec()
 }
 
 /// Our own job message (schema version 1). `input` is `s3://bucket/key` with the key written
@@ -164,6 +166,18 @@ pub struct Job {
     pub source: JobSource,
 }
 
+impl Job {
+    /// The documents this job writes: the formats it asked for, plus `rttm` when it asked
+    /// for diarization.
+    pub fn output_formats(&self) -> Vec<OutputFormat> {
+        let mut formats = self.formats.clone();
+        if self.diarize && !formats.contains(&OutputFormat::Rttm) {
+            formats.push(OutputFormat::Rttm);
+        }
+        formats
+    }
+}
+
 /// What a message body turned out to be.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Parsed {
@@ -233,6 +247,13 @@ fn parse_job_message(version: &Value, value: Value) -> Result<Parsed> {
     }
     if msg.formats.is_empty() {
         return Err(DispatchError::BadMessage("no output formats".into()));
+    }
+    if !msg.diarize {
+        if let Some(f) = msg.formats.iter().find(|f| f.needs_diarization()) {
+            return Err(DispatchError::BadMessage(format!(
+                "format `{f}` needs `\"diarize\": true`"
+            )));
+        }
     }
     let mut input = ObjectRef::parse_uri(&msg.input)?;
     input.version_id = msg.input_version_id.filter(|v| !v.is_empty());
@@ -370,6 +391,22 @@ mod tests {
         assert_eq!(job.input.key, "a b/c+d%.wav");
         assert_eq!(job.output_prefix.expect("prefix").bucket, "out");
         assert_eq!(job.formats, vec![OutputFormat::Text, OutputFormat::Srt]);
+    }
+
+    #[test]
+    fn rttm_needs_diarization_and_diarized_jobs_get_it() {
+        let mut msg = JobMessage::new("j1", &ObjectRef::new("in", "a.wav"));
+        msg.formats = vec![OutputFormat::Srt, OutputFormat::Rttm];
+        let e = parse_message(&serde_json::to_string(&msg).expect("json")).expect_err("rttm");
+        assert_eq!(e.reason_code(), "bad_message");
+        msg.diarize = true;
+        let job = one_job(&serde_json::to_string(&msg).expect("json"));
+        assert_eq!(job.output_formats(), msg.formats);
+        msg.formats = JobMessage::new("j2", &ObjectRef::new("in", "a.wav")).formats;
+        let job = one_job(&serde_json::to_string(&msg).expect("json"));
+        assert_eq!(job.output_formats().last(), Some(&OutputFormat::Rttm));
+        assert_eq!(job.output_formats().len(), OutputFormat::ALL.len());
+        assert!(job.diarize);
     }
 
     #[test]

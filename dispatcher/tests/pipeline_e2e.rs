@@ -55,7 +55,7 @@ async fn upload_enqueue_result(backend: Backend) {
         m.audio_duration_s
     );
     let formats: Vec<OutputFormat> = m.outputs.iter().map(|o| o.format).collect();
-    assert_eq!(formats, OutputFormat::ALL.to_vec());
+    assert_eq!(formats, OutputFormat::TRANSCRIPT.to_vec());
     for out in &m.outputs {
         let body = backend.read(&out.key).await;
         assert_eq!(

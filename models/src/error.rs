@@ -65,7 +65,7 @@ pub enum ModelError {
     Vocabulary { file: PathBuf, problem: String },
 
     /// An output format name that `render::OutputFormat` does not know.
-    #[error("unknown output format `{0}` (expected json, verbose_json, text, srt or vtt)")]
+    #[error("unknown output format `{0}` (expected json, verbose_json, text, srt, vtt or rttm)")]
     UnknownOutputFormat(String),
 
     /// The ONNX Runtime shared library could not be found or loaded.

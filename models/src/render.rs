@@ -1,5 +1,5 @@
 //! Transcript documents in the formats of OpenAI's transcription API: `json`, `verbose_json`,
-//! `text`, `srt` and `vtt`.
+//! `text`, `srt` and `vtt`; and the diarizer's speaker turns as `rttm`.
 //!
 //! Times in documents are rounded to the millisecond (the transcript keeps NeMo's exact
 //! floats). Every document ends with a newline, and an empty transcript renders as a valid
@@ -11,7 +11,13 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ModelError;
-use crate::transcript::{Segment, Transcript};
+use crate::speakers::SpeakerSegment;
+use crate::transcript::Transcript;
+
+mod cues;
+mod rttm;
+
+pub use rttm::rttm;
 
 /// An output format; parses from and prints as its API name (`verbose_json`, ...), in Rust
 /// (`FromStr`/`Display`) and in serde documents alike.
@@ -23,16 +29,33 @@ pub enum OutputFormat {
     Text,
     Srt,
     Vtt,
+    /// The diarizer's speaker turns (needs diarization).
+    Rttm,
 }
 
 impl OutputFormat {
-    pub const ALL: [OutputFormat; 5] = [
+    pub const ALL: [OutputFormat; 6] = [
+        OutputFormat::Json,
+        OutputFormat::VerboseJson,
+        OutputFormat::Text,
+        OutputFormat::Srt,
+        OutputFormat::Vtt,
+        OutputFormat::Rttm,
+    ];
+
+    /// The formats every transcript has (all but `rttm`, which needs diarization).
+    pub const TRANSCRIPT: [OutputFormat; 5] = [
         OutputFormat::Json,
         OutputFormat::VerboseJson,
         OutputFormat::Text,
         OutputFormat::Srt,
         OutputFormat::Vtt,
     ];
+
+    /// Whether the document needs speaker turns.
+    pub fn needs_diarization(self) -> bool {
+        self == OutputFormat::Rttm
+    }
 
     /// The name used by the API and the CLI.
     pub fn name(self) -> &'static str {
@@ -42,6 +65,7 @@ impl OutputFormat {
             OutputFormat::Text => "text",
             OutputFormat::Srt => "srt",
             OutputFormat::Vtt => "vtt",
+            OutputFormat::Rttm => "rttm",
         }
     }
 
@@ -52,6 +76,7 @@ impl OutputFormat {
             OutputFormat::Text => "txt",
             OutputFormat::Srt => "srt",
             OutputFormat::Vtt => "vtt",
+            OutputFormat::Rttm => "rttm",
         }
     }
 
@@ -59,7 +84,7 @@ impl OutputFormat {
     pub fn content_type(self) -> &'static str {
         match self {
             OutputFormat::Json | OutputFormat::VerboseJson => "application/json",
-            OutputFormat::Text => "text/plain; charset=utf-8",
+            OutputFormat::Text | OutputFormat::Rttm => "text/plain; charset=utf-8",
             OutputFormat::Srt => "application/x-subrip; charset=utf-8",
             OutputFormat::Vtt => "text/vtt; charset=utf-8",
         }
@@ -84,11 +109,15 @@ impl FromStr for OutputFormat {
 }
 
 /// What the transcript itself does not know.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct RenderOptions {
     /// `language` of `verbose_json` (OpenAI writes the language name, e.g. `english`); omitted
     /// when `None`.
     pub language: Option<String>,
+    /// The recording's name in `rttm` lines (whitespace becomes `_`; `audio` when `None`).
+    pub file_id: Option<String>,
+    /// The diarizer's turns, for `rttm` (empty: no diarization, an empty document).
+    pub speaker_turns: Vec<SpeakerSegment>,
 }
 
 /// `transcript` as a document of `format`.
@@ -99,6 +128,10 @@ pub fn render(transcript: &Transcript, format: OutputFormat, options: &RenderOpt
         OutputFormat::Text => text(transcript),
         OutputFormat::Srt => srt(transcript),
         OutputFormat::Vtt => vtt(transcript),
+        OutputFormat::Rttm => rttm(
+            options.file_id.as_deref().unwrap_or_default(),
+            &options.speaker_turns,
+        ),
     }
 }
 
@@ -213,36 +246,18 @@ fn clock(seconds: f64, millis_separator: char) -> String {
     format!("{hours:02}:{minutes:02}:{secs:02}{millis_separator}{millis:03}")
 }
 
-/// A segment's text on one line (a blank line would end the cue), `None` when empty.
-fn cue_text(segment: &Segment) -> Option<String> {
-    let line = segment
-        .text
-        .split(['\r', '\n'])
-        .filter(|part| !part.trim().is_empty())
-        .map(str::trim)
-        .collect::<Vec<_>>()
-        .join(" ");
-    (!line.is_empty()).then_some(line)
-}
-
-/// SubRip: one numbered cue per non-empty segment, `HH:MM:SS,mmm`; a speaker as a prefix.
+/// SubRip: one numbered cue per non-empty segment, `HH:MM:SS,mmm`; with speakers, a segment
+/// is split where its words change speaker and each cue starts with `[speaker_N] `.
 pub fn srt(transcript: &Transcript) -> String {
     let mut out = String::new();
-    let cues = transcript
-        .segments
-        .iter()
-        .filter_map(|s| cue_text(s).map(|text| (s, text)));
-    for (number, (segment, text)) in cues.enumerate() {
-        let speaker = segment
-            .speaker
-            .as_deref()
-            .map(|s| format!("{s}: "))
-            .unwrap_or_default();
+    for (number, cue) in cues::cues(transcript).into_iter().enumerate() {
+        let speaker = cue.speaker.map(|s| format!("[{s}] ")).unwrap_or_default();
         out.push_str(&format!(
-            "{}\n{} --> {}\n{speaker}{text}\n\n",
+            "{}\n{} --> {}\n{speaker}{}\n\n",
             number + 1,
-            clock(segment.start_s, ','),
-            clock(segment.end_s, ','),
+            clock(cue.start_s, ','),
+            clock(cue.end_s, ','),
+            cue.text,
         ));
     }
     out
@@ -255,24 +270,20 @@ fn vtt_escape(text: &str) -> String {
         .replace('>', "&gt;")
 }
 
-/// WebVTT: the header, then one cue per non-empty segment, `HH:MM:SS.mmm`; a speaker as a
-/// voice span.
+/// WebVTT: the header, then one cue per non-empty segment, `HH:MM:SS.mmm`; with speakers, a
+/// segment is split where its words change speaker and each cue is a `<v speaker_N>` voice span.
 pub fn vtt(transcript: &Transcript) -> String {
     let mut out = String::from("WEBVTT\n");
-    for segment in &transcript.segments {
-        let Some(text) = cue_text(segment) else {
-            continue;
-        };
-        let voice = segment
+    for cue in cues::cues(transcript) {
+        let voice = cue
             .speaker
-            .as_deref()
             .map(|s| format!("<v {}>", vtt_escape(s)))
             .unwrap_or_default();
         out.push_str(&format!(
             "\n{} --> {}\n{voice}{}\n",
-            clock(segment.start_s, '.'),
-            clock(segment.end_s, '.'),
-            vtt_escape(&text),
+            clock(cue.start_s, '.'),
+            clock(cue.end_s, '.'),
+            vtt_escape(&cue.text),
         ));
     }
     out
@@ -281,7 +292,7 @@ pub fn vtt(transcript: &Transcript) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transcript::Word;
+    use crate::transcript::{Segment, Word};
 
     fn segment(id: usize, start_s: f64, end_s: f64, text: &str) -> Segment {
         Segment {
@@ -395,11 +406,80 @@ mod tests {
         t.segments[0].text = "Hi\n\nthere.".into();
         t.segments[0].speaker = Some("A".into());
         let srt = srt(&t);
-        assert!(srt.starts_with("1\n00:00:00,000 --> 00:00:00,560\nA: Hi there.\n\n2\n"));
+        assert!(srt.starts_with("1\n00:00:00,000 --> 00:00:00,560\n[A] Hi there.\n\n2\n"));
         assert_eq!(srt.matches(" --> ").count(), 2);
         let vtt = vtt(&t);
         assert!(vtt.contains("\n<v A>Hi there.\n"));
         assert_eq!(vtt.matches(" --> ").count(), 2);
+    }
+
+    #[test]
+    fn speaker_changes_split_srt_and_vtt_cues() {
+        let mut t = sample();
+        for (w, s) in t
+            .words
+            .iter_mut()
+            .zip(["speaker_0", "speaker_1", "speaker_1"])
+        {
+            w.speaker = Some(s.into());
+        }
+        t.segments[0].speaker = Some("speaker_1".into());
+        t.segments[1].speaker = Some("speaker_1".into());
+        assert_eq!(
+            srt(&t),
+            "1\n00:00:00,000 --> 00:00:00,080\n[speaker_0] Hi\n\n\
+             2\n00:00:00,080 --> 00:00:00,560\n[speaker_1] there.\n\n\
+             3\n00:00:00,720 --> 01:02:05,000\n[speaker_1] <b>A&B</b>?\n\n"
+        );
+        assert_eq!(
+            vtt(&t),
+            "WEBVTT\n\n00:00:00.000 --> 00:00:00.080\n<v speaker_0>Hi\n\
+             \n00:00:00.080 --> 00:00:00.560\n<v speaker_1>there.\n\
+             \n00:00:00.720 --> 01:02:05.000\n<v speaker_1>&lt;b&gt;A&amp;B&lt;/b&gt;?\n"
+        );
+        // The other documents do not change shape; verbose_json keeps the two segments.
+        assert_eq!(text(&t), text(&sample()));
+        let doc: serde_json::Value =
+            serde_json::from_str(&verbose_json(&t, None)).expect("valid json");
+        assert_eq!(doc["segments"].as_array().map(Vec::len), Some(2));
+    }
+
+    #[test]
+    fn rttm_comes_from_the_options() {
+        let turns = vec![
+            SpeakerSegment {
+                speaker: 1,
+                start_s: 0.5,
+                end_s: 1.0,
+            },
+            SpeakerSegment {
+                speaker: 0,
+                start_s: 0.0,
+                end_s: 0.75,
+            },
+        ];
+        let options = RenderOptions {
+            file_id: Some("call 7".into()),
+            speaker_turns: turns,
+            ..RenderOptions::default()
+        };
+        assert_eq!(
+            render(&sample(), OutputFormat::Rttm, &options),
+            "SPEAKER call_7 1 0.000 0.750 <NA> <NA> speaker_0 <NA> <NA>\n\
+             SPEAKER call_7 1 0.500 0.500 <NA> <NA> speaker_1 <NA> <NA>\n"
+        );
+        assert_eq!(
+            render(&sample(), OutputFormat::Rttm, &RenderOptions::default()),
+            ""
+        );
+        // Speaker turns change no other document.
+        for f in OutputFormat::TRANSCRIPT {
+            assert_eq!(
+                render(&sample(), f, &options),
+                render(&sample(), f, &RenderOptions::default()),
+                "{f}"
+            );
+        }
     }
 
     #[test]
@@ -418,6 +498,10 @@ mod tests {
             assert_eq!(f.to_string().parse::<OutputFormat>().expect("parses"), f);
         }
         assert_eq!(OutputFormat::Text.extension(), "txt");
+        assert_eq!(OutputFormat::Rttm.extension(), "rttm");
+        assert!(OutputFormat::ALL
+            .iter()
+            .all(|f| OutputFormat::TRANSCRIPT.contains(f) != f.needs_diarization()));
         assert_eq!(OutputFormat::Vtt.content_type(), "text/vtt; charset=utf-8");
         assert!(matches!(
             "xml".parse::<OutputFormat>(),

@@ -1,7 +1,13 @@
 //! Speaker turns produced by diarization (the contract between the diarization model and the
-//! transcript's speaker attribution and RTTM rendering).
+//! transcript's speaker attribution and RTTM rendering), and the attribution itself.
 
 use serde::{Deserialize, Serialize};
+
+mod attribute;
+mod timeline;
+
+pub use attribute::{attribute_speakers, segment_word_ranges, AttributionOptions};
+pub use timeline::SpeakerTimeline;
 
 /// One speaker's active interval, after post-processing (onset/offset, padding, minimum
 /// durations). Intervals of different speakers may overlap.
