@@ -50,6 +50,8 @@ pub struct Batcher {
     queue: BatchQueue<Pending>,
     max_queue: usize,
     next_key: u64,
+    /// Batches handed to the engine so far (the `batch_seq` of the answers).
+    batches_sent: u64,
     stats: Arc<QueueStats>,
 }
 
@@ -59,6 +61,7 @@ impl Batcher {
             queue,
             max_queue,
             next_key: 0,
+            batches_sent: 0,
             stats,
         }
     }
@@ -143,7 +146,8 @@ impl Batcher {
                     let (reply, outcome) = oneshot::channel();
                     let clips = batch.iter().map(|q| Arc::clone(&q.payload.pcm)).collect();
                     slot.send(EngineJob { clips, reply });
-                    tokio::spawn(fan_out(batch, outcome));
+                    self.batches_sent += 1;
+                    tokio::spawn(fan_out(batch, self.batches_sent, outcome));
                 }
                 Decision::WaitUntil(due) => {
                     permit = Some(slot);
@@ -167,7 +171,11 @@ impl Batcher {
     }
 }
 
-async fn fan_out(batch: Vec<Queued<Pending>>, outcome: oneshot::Receiver<EngineOutcome>) {
+async fn fan_out(
+    batch: Vec<Queued<Pending>>,
+    batch_seq: u64,
+    outcome: oneshot::Receiver<EngineOutcome>,
+) {
     let started = Instant::now();
     let Ok(outcome) = outcome.await else {
         // The engine thread died mid-batch: this process can no longer serve. Exiting lets the
@@ -176,11 +184,14 @@ async fn fan_out(batch: Vec<Queued<Pending>>, outcome: oneshot::Receiver<EngineO
         std::process::exit(70);
     };
     let longest = batch.iter().map(|q| q.frames).max().unwrap_or(0);
+    let batch_frames: usize = batch.iter().map(|q| q.frames).sum();
     let timings = |q: &Queued<Pending>| Timings {
         queue_us: started.saturating_duration_since(q.arrived).as_micros() as u64,
         batch_us: outcome.elapsed.as_micros() as u64,
         batch_size: batch.len() as u32,
         padded_frames: (longest * batch.len()) as u64,
+        batch_frames: batch_frames as u64,
+        batch_seq,
     };
     match outcome.result {
         Ok(hyps) => {

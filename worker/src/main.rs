@@ -67,6 +67,8 @@ fn serve(args: ServeArgs) -> Result<()> {
         engine: engine.name().into(),
         pid: std::process::id(),
         model: engine.model_info(),
+        // The CPU and ONNX engines run on no GPU; the CUDA engine reports its device here.
+        device: None,
     };
     let hop_samples = engine.hop_samples();
     let (engine_tx, engine_status) = engine_thread::spawn(engine).context("engine thread")?;

@@ -260,3 +260,214 @@ fn requests_lost_max_attempts_times_fail_as_poison() -> Result<()> {
     );
     Ok(())
 }
+
+/// Answers MPS control commands like one daemon per pipe directory, each with server 4242
+/// whose clients are the pids the test registers for that directory; records every command.
+#[derive(Default)]
+struct RecordingMps {
+    commands: std::sync::Mutex<Vec<worker_fleet::mps::CommandSpec>>,
+    clients: std::sync::Mutex<std::collections::HashMap<String, Vec<u32>>>,
+}
+
+fn pipe_of(command: &worker_fleet::mps::CommandSpec) -> String {
+    command
+        .env
+        .iter()
+        .find(|(k, _)| k == "CUDA_MPS_PIPE_DIRECTORY")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default()
+}
+
+impl worker_fleet::mps::MpsControl for RecordingMps {
+    fn run(
+        &self,
+        command: &worker_fleet::mps::CommandSpec,
+    ) -> Result<String, worker_fleet::FleetError> {
+        self.commands
+            .lock()
+            .expect("not poisoned")
+            .push(command.clone());
+        let line = command.stdin.as_deref().unwrap_or("").trim().to_owned();
+        Ok(match line.as_str() {
+            "get_server_list" => "4242\n".into(),
+            "get_client_list 4242" => self
+                .clients
+                .lock()
+                .expect("not poisoned")
+                .get(&pipe_of(command))
+                .map(|pids| pids.iter().map(|p| format!("{p}\n")).collect())
+                .unwrap_or_default(),
+            _ => String::new(),
+        })
+    }
+}
+
+impl RecordingMps {
+    /// `(pipe directory, stdin line or args)` of every command so far.
+    fn lines(&self) -> Vec<(String, String)> {
+        self.commands
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .map(|c| {
+                let what = match &c.stdin {
+                    Some(s) => s.trim().to_owned(),
+                    None => c.args.join(" "),
+                };
+                (pipe_of(c), what)
+            })
+            .collect()
+    }
+}
+
+/// Issue 7's domain logic on CPU workers standing in for two GPUs: each GPU gets its own MPS
+/// directories and daemon (GPU 1's is found running and left alone), and a stuck worker on
+/// GPU 0 gets `terminate_client` on GPU 0's daemon, then GPU 0's whole group restarts while
+/// GPU 1's workers keep their processes. Nothing is lost.
+#[test]
+fn a_fault_on_gpu0_restarts_only_gpu0s_mps_group() -> Result<()> {
+    let clips = clips()?;
+    let (_, expected) = reference(&clips)?;
+    let dir = tempfile::tempdir()?;
+    let mps = worker_fleet::mps::MpsConfig {
+        pipe_root: dir.path().join("mps/pipe"),
+        log_root: dir.path().join("mps/log"),
+        active_thread_percentage: None,
+    };
+    let (pipe0, pipe1) = (mps.dirs(0).pipe, mps.dirs(1).pipe);
+    std::fs::create_dir_all(&pipe1)?;
+    std::fs::write(pipe1.join("control"), b"")?; // GPU 1's daemon is already running
+    let mut cfg = config(dir.path(), 1);
+    cfg.groups = worker_fleet::gpu_groups(&[0, 1], 2, Some(&mps))?;
+    let recorder = std::sync::Arc::new(RecordingMps::default());
+    let (events_tx, events) = std::sync::mpsc::channel();
+    let fleet = Fleet::start_with(
+        cfg,
+        worker_fleet::FleetHooks {
+            mps: recorder.clone(),
+            events: Some(events_tx),
+        },
+    )?;
+    let (p0, p1) = (pipe0.display().to_string(), pipe1.display().to_string());
+    assert_eq!(
+        recorder.lines(),
+        vec![(p0.clone(), "-d".to_string())],
+        "one daemon started, for GPU 0 only"
+    );
+    assert!(
+        pipe0.is_dir() && mps.dirs(0).log.is_dir(),
+        "GPU 0's own dirs"
+    );
+    fleet.wait_all_ready(Duration::from_secs(120))?;
+    let before = fleet.status();
+    let pids = |group: &str, status: &[worker_fleet::WorkerStatus]| -> Vec<Option<u32>> {
+        status
+            .iter()
+            .filter(|w| w.group == group)
+            .map(|w| w.pid)
+            .collect()
+    };
+    let (gpu0_before, gpu1_before) = (pids("gpu0", &before), pids("gpu1", &before));
+    assert_eq!((gpu0_before.len(), gpu1_before.len()), (2, 2));
+    for (pipe, group) in [(&p0, "gpu0"), (&p1, "gpu1")] {
+        let clients = pids(group, &before).into_iter().flatten().collect();
+        recorder
+            .clients
+            .lock()
+            .expect("not poisoned")
+            .insert(pipe.clone(), clients);
+    }
+    let stuck = gpu0_before[0].expect("running");
+    signal(stuck, Signal::STOP);
+
+    let work: Vec<&[f32]> = (0..clips.len() * 3)
+        .map(|i| clips[i % clips.len()].1.as_slice())
+        .collect();
+    for (i, r) in fleet.transcribe(&work).into_iter().enumerate() {
+        assert_eq!(r?.hypothesis, expected[i % clips.len()], "request {i}");
+    }
+    ensure!(
+        wait_until(Duration::from_secs(15), || fleet
+            .restarts(RestartCause::Stuck)
+            >= 1),
+        "the stopped worker was never declared stuck"
+    );
+    fleet.wait_all_ready(Duration::from_secs(60))?;
+    let after = fleet.status();
+    assert_eq!(
+        pids("gpu1", &after),
+        gpu1_before,
+        "GPU 1's workers kept running"
+    );
+    assert!(after
+        .iter()
+        .filter(|w| w.group == "gpu1")
+        .all(|w| w.restarts == 0));
+    let gpu0_after = pids("gpu0", &after);
+    assert!(
+        gpu0_after.iter().zip(&gpu0_before).all(|(a, b)| a != b),
+        "both GPU 0 workers replaced: {gpu0_before:?} -> {gpu0_after:?}"
+    );
+    assert_eq!(fleet.restarts(RestartCause::Group), 1);
+
+    // terminate_client on GPU 0's daemon for both of its (live) clients, before the kill;
+    // nothing sent to GPU 1's daemon.
+    let lines = recorder.lines();
+    let terminated: Vec<&String> = lines
+        .iter()
+        .filter(|(_, l)| l.starts_with("terminate_client"))
+        .map(|(pipe, l)| {
+            assert_eq!(pipe, &p0, "{l} went to GPU 0's daemon");
+            l
+        })
+        .collect();
+    let peer = gpu0_before[1].expect("running");
+    assert_eq!(
+        terminated,
+        vec![
+            &format!("terminate_client 4242 {stuck}"),
+            &format!("terminate_client 4242 {peer}")
+        ]
+    );
+    assert!(lines.iter().all(|(pipe, _)| pipe != &p1), "{lines:?}");
+    // Fault-free readiness: handshakes report the CPU engine and no device.
+    assert!(after
+        .iter()
+        .all(|w| w.engine.as_deref() == Some("cpu") && w.device.is_none()));
+
+    drop(fleet);
+    let lines = recorder.lines();
+    assert_eq!(
+        lines.last(),
+        Some(&(p0.clone(), "quit".to_string())),
+        "the daemon it started is stopped"
+    );
+    let events: Vec<worker_fleet::FleetEvent> = events.try_iter().collect();
+    let restarted_groups: std::collections::BTreeSet<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            worker_fleet::FleetEvent::WorkerRestart { group, .. } => Some(group.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        restarted_groups.into_iter().collect::<Vec<_>>(),
+        vec!["gpu0"]
+    );
+    assert!(events.contains(&worker_fleet::FleetEvent::MpsDaemon {
+        gpu: 1,
+        pipe_directory: p1.clone(),
+        log_directory: mps.dirs(1).log.display().to_string(),
+        started: false,
+    }));
+    assert!(events.iter().any(|e| matches!(
+        e,
+        worker_fleet::FleetEvent::WorkerReady {
+            group,
+            assigned_thread_percentage: Some(50),
+            ..
+        } if group == "gpu1"
+    )));
+    assert_eq!(events.last(), Some(&worker_fleet::FleetEvent::Stopped));
+    Ok(())
+}

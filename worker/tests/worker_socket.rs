@@ -62,6 +62,26 @@ fn batched_answers_equal_each_clip_alone() -> Result<()> {
         largest >= Some(4),
         "requests were batched (largest batch {largest:?})"
     );
+    // Answers of one batch share its sequence number, size and frame totals: the members'
+    // own frames (samples / 160 + 1) add up to `batch_frames`, padding is never negative.
+    let mut batches: HashMap<u64, Vec<&worker_protocol::TranscribeResponse>> = HashMap::new();
+    for answer in answers.values() {
+        batches
+            .entry(answer.timings.batch_seq)
+            .or_default()
+            .push(answer);
+    }
+    for (seq, members) in &batches {
+        let t = members[0].timings;
+        assert_eq!(members.len(), t.batch_size as usize, "batch {seq}");
+        let own: u64 = members
+            .iter()
+            .map(|a| (clips[a.id as usize % clips.len()].1.len() / 160 + 1) as u64)
+            .sum();
+        assert_eq!(t.batch_frames, own, "batch {seq}");
+        assert!(t.padded_frames >= t.batch_frames, "batch {seq}");
+        assert!(members.iter().all(|a| a.timings.batch_frames == own));
+    }
     Ok(())
 }
 

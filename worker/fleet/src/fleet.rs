@@ -8,17 +8,21 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::process::Child;
+use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use worker_protocol::{ModelInfo, TranscribeResponse};
+use serde::Serialize;
+use worker_protocol::{DeviceReport, ModelInfo, TranscribeResponse, WorkerInfo};
 
 use crate::client::Connection;
 use crate::config::FleetConfig;
 use crate::error::FleetError;
+use crate::events::FleetEvent;
 use crate::load_lock::LoadLock;
-use crate::mps;
+use crate::metrics::{GroupMetrics, Snapshot, WorkerGauges};
+use crate::mps::{self, MpsControl, SystemMps};
 
 mod routing;
 mod supervise;
@@ -31,7 +35,8 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Hop of the 16 kHz features: the routing cost of a request in feature frames.
 const HOP_SAMPLES: usize = 160;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum RestartCause {
     /// The process exited or its connection broke.
     Crashed,
@@ -45,15 +50,56 @@ pub enum RestartCause {
     StartFailed,
 }
 
+impl RestartCause {
+    pub const ALL: [Self; 5] = [
+        Self::Crashed,
+        Self::Stuck,
+        Self::Wedged,
+        Self::Group,
+        Self::StartFailed,
+    ];
+
+    /// Metric label (the same as the JSON name).
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Crashed => "crashed",
+            Self::Stuck => "stuck",
+            Self::Wedged => "wedged",
+            Self::Group => "group",
+            Self::StartFailed => "start_failed",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerPhase {
+    /// Not running: waiting for its restart backoff (or the load lock).
+    Down,
+    /// Spawned, loading and warming up.
+    Starting,
+    /// Handshaken and serving.
+    Ready,
+}
+
 /// One slot's state as seen from outside (tests, `/health`).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct WorkerStatus {
     pub group: String,
+    pub gpu: Option<u32>,
     pub slot: usize,
+    pub phase: WorkerPhase,
     pub ready: bool,
     pub pid: Option<u32>,
     pub outstanding: usize,
+    /// Requests queued inside the worker (its last health report).
+    pub queue_depth: u32,
     pub restarts: u32,
+    /// Why it was last restarted (a wedge shows here once it has been replaced).
+    pub last_restart: Option<RestartCause>,
+    /// From the current process's handshake.
+    pub engine: Option<String>,
+    pub device: Option<DeviceReport>,
 }
 
 enum Phase {
@@ -77,6 +123,12 @@ struct Slot {
     restarts: u32,
     ping: Option<(u64, Instant)>,
     last_ping: Instant,
+    /// The current process's handshake.
+    info: Option<WorkerInfo>,
+    /// The last batch counted in the metrics (a new process starts again from 1).
+    last_batch_seq: Option<u64>,
+    queue_depth: u32,
+    last_restart: Option<RestartCause>,
 }
 
 struct Request {
@@ -94,7 +146,11 @@ struct State {
     waiting: VecDeque<u64>,
     next_id: u64,
     shutting_down: bool,
+    /// `Stopped` was reported (shutdown runs again on drop).
+    stopped: bool,
     restarts: HashMap<RestartCause, u64>,
+    /// Per group, by group index.
+    metrics: Vec<GroupMetrics>,
     model: Option<ModelInfo>,
     mps_started: Vec<(u32, mps::MpsDirs)>,
 }
@@ -103,11 +159,32 @@ struct Shared {
     config: FleetConfig,
     state: Mutex<State>,
     changed: Condvar,
+    mps: Arc<dyn MpsControl>,
+    events: Option<Sender<FleetEvent>>,
+}
+
+/// What a fleet runs MPS commands with and where it reports events.
+#[derive(Clone)]
+pub struct FleetHooks {
+    /// [`SystemMps`] in production; tests record the commands instead.
+    pub mps: Arc<dyn MpsControl>,
+    /// Every [`FleetEvent`], in order (dropped silently once the receiver is gone).
+    pub events: Option<Sender<FleetEvent>>,
+}
+
+impl Default for FleetHooks {
+    fn default() -> Self {
+        Self {
+            mps: Arc::new(SystemMps::default()),
+            events: None,
+        }
+    }
 }
 
 pub struct Fleet {
     shared: Arc<Shared>,
-    monitor: Option<JoinHandle<()>>,
+    /// Taken by the first shutdown.
+    monitor: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Shared {
@@ -115,19 +192,53 @@ impl Shared {
         // A panic while holding the lock would be a bug; keep serving rather than cascade.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    fn emit(&self, event: FleetEvent) {
+        if let Some(events) = &self.events {
+            let _ = events.send(event);
+        }
+    }
 }
 
 impl Fleet {
     /// Starts MPS daemons where configured and the monitor thread, which starts the workers.
     pub fn start(config: FleetConfig) -> Result<Self, FleetError> {
+        Self::start_with(config, FleetHooks::default())
+    }
+
+    /// [`Self::start`] with the given MPS runner and event channel.
+    pub fn start_with(config: FleetConfig, hooks: FleetHooks) -> Result<Self, FleetError> {
         config.validate().map_err(FleetError::Config)?;
         std::fs::create_dir_all(&config.runtime_dir)
             .map_err(FleetError::io("creating runtime dir", &config.runtime_dir))?;
-        let mut state = State::default();
+        let emit = |event| {
+            if let Some(events) = &hooks.events {
+                let _ = events.send(event);
+            }
+        };
+        let mut state = State {
+            metrics: vec![GroupMetrics::default(); config.groups.len()],
+            ..State::default()
+        };
         for (g, group) in config.groups.iter().enumerate() {
             if let (Some(gpu), Some(mps_cfg)) = (group.gpu, &group.mps) {
                 let dirs = mps_cfg.dirs(gpu);
-                if mps::ensure_daemon(gpu, &dirs)? {
+                let started = match mps::ensure_daemon(&*hooks.mps, gpu, &dirs) {
+                    Ok(started) => started,
+                    Err(e) => {
+                        // Daemons this call already started are not left behind.
+                        stop_daemons(&*hooks.mps, &hooks.events, state.mps_started);
+                        return Err(e);
+                    }
+                };
+                tracing::info!(gpu, pipe = %dirs.pipe.display(), started, "MPS control daemon");
+                emit(FleetEvent::MpsDaemon {
+                    gpu,
+                    pipe_directory: dirs.pipe.display().to_string(),
+                    log_directory: dirs.log.display().to_string(),
+                    started,
+                });
+                if started {
                     state.mps_started.push((gpu, dirs));
                 }
             }
@@ -148,6 +259,10 @@ impl Fleet {
                     restarts: 0,
                     ping: None,
                     last_ping: Instant::now(),
+                    info: None,
+                    last_batch_seq: None,
+                    queue_depth: 0,
+                    last_restart: None,
                 });
             }
         }
@@ -155,6 +270,8 @@ impl Fleet {
             config,
             state: Mutex::new(state),
             changed: Condvar::new(),
+            mps: hooks.mps,
+            events: hooks.events,
         });
         let weak = Arc::downgrade(&shared);
         let monitor = std::thread::Builder::new()
@@ -163,7 +280,7 @@ impl Fleet {
             .map_err(FleetError::io("spawning monitor", "fleet-monitor"))?;
         Ok(Self {
             shared,
-            monitor: Some(monitor),
+            monitor: Mutex::new(Some(monitor)),
         })
     }
 
@@ -285,15 +402,66 @@ impl Fleet {
             .slots
             .iter()
             .enumerate()
-            .map(|(i, s)| WorkerStatus {
-                group: self.shared.config.groups[s.group].name.clone(),
-                slot: i,
-                ready: matches!(s.phase, Phase::Ready),
-                pid: s.child.as_ref().map(Child::id),
-                outstanding: s.outstanding.len(),
-                restarts: s.restarts,
+            .map(|(i, s)| {
+                let group = &self.shared.config.groups[s.group];
+                let phase = match s.phase {
+                    Phase::Down { .. } => WorkerPhase::Down,
+                    Phase::Starting { .. } => WorkerPhase::Starting,
+                    Phase::Ready => WorkerPhase::Ready,
+                };
+                WorkerStatus {
+                    group: group.name.clone(),
+                    gpu: group.gpu,
+                    slot: i,
+                    phase,
+                    ready: phase == WorkerPhase::Ready,
+                    pid: s.child.as_ref().map(Child::id),
+                    outstanding: s.outstanding.len(),
+                    queue_depth: s.queue_depth,
+                    restarts: s.restarts,
+                    last_restart: s.last_restart,
+                    engine: s.info.as_ref().map(|i| i.engine.clone()),
+                    device: s.info.as_ref().and_then(|i| i.device.clone()),
+                }
             })
             .collect()
+    }
+
+    pub fn config(&self) -> &FleetConfig {
+        &self.shared.config
+    }
+
+    /// Per-worker readiness and the group verdict (see [`crate::FleetHealth`]).
+    pub fn health(&self) -> crate::FleetHealth {
+        crate::FleetHealth::from_status(&self.shared.config, self.status())
+    }
+
+    /// Prometheus text of the fleet's metrics (queue depths, batch sizes and latency, padding,
+    /// restarts by cause), for `/metrics` of the supervisor or the dispatcher.
+    pub fn render_prometheus(&self) -> String {
+        let state = self.shared.lock();
+        let groups = &self.shared.config.groups;
+        Snapshot {
+            waiting: state.waiting.len(),
+            groups: groups
+                .iter()
+                .map(|g| g.name.clone())
+                .zip(state.metrics.iter().cloned())
+                .collect(),
+            workers: state
+                .slots
+                .iter()
+                .enumerate()
+                .map(|(i, s)| WorkerGauges {
+                    group: groups[s.group].name.clone(),
+                    slot: i,
+                    ready: matches!(s.phase, Phase::Ready),
+                    outstanding: s.outstanding.len(),
+                    queue_depth: s.queue_depth,
+                })
+                .collect(),
+        }
+        .render()
     }
 
     pub fn restarts(&self, cause: RestartCause) -> u64 {
@@ -307,7 +475,7 @@ impl Fleet {
 
     /// Stops every worker (SIGTERM, then SIGKILL after a grace period) and MPS daemons this
     /// fleet started. Waiting submitters get `ShuttingDown`.
-    pub fn shutdown(&mut self) {
+    pub fn shutdown(&self) {
         let (children, daemons) = {
             let mut state = self.shared.lock();
             state.shutting_down = true;
@@ -329,14 +497,44 @@ impl Fleet {
             (children, std::mem::take(&mut state.mps_started))
         };
         self.shared.changed.notify_all();
-        if let Some(monitor) = self.monitor.take() {
+        let monitor = self
+            .monitor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(monitor) = monitor {
             let _ = monitor.join();
         }
         stop_children(children, Duration::from_secs(2));
-        for (gpu, dirs) in daemons {
-            if let Err(e) = mps::daemon_stop(gpu, &dirs).run() {
-                tracing::warn!(gpu, error = %e, "stopping MPS daemon");
+        stop_daemons(&*self.shared.mps, &self.shared.events, daemons);
+        if !std::mem::replace(&mut self.shared.lock().stopped, true) {
+            self.shared.emit(FleetEvent::Stopped);
+        }
+    }
+}
+
+/// `quit` to each daemon this fleet started (after its clients are gone).
+fn stop_daemons(
+    control: &dyn MpsControl,
+    events: &Option<Sender<FleetEvent>>,
+    daemons: Vec<(u32, mps::MpsDirs)>,
+) {
+    for (gpu, dirs) in daemons {
+        let event = match control.run(&mps::daemon_stop(gpu, &dirs)) {
+            Ok(_) => {
+                tracing::info!(gpu, "stopped MPS control daemon");
+                FleetEvent::MpsDaemonStopped { gpu }
             }
+            Err(e) => {
+                tracing::warn!(gpu, error = %e, "stopping MPS daemon");
+                FleetEvent::MpsDaemonStopFailed {
+                    gpu,
+                    error: e.to_string(),
+                }
+            }
+        };
+        if let Some(events) = events {
+            let _ = events.send(event);
         }
     }
 }

@@ -5,20 +5,31 @@
 //!   group when the group runs under MPS, whose faults hit every client of the GPU), and re-sends
 //!   the requests a dead worker held. Routing: least outstanding work; backpressure when full.
 //! - [`FleetTranscriber`]: hypotheses to transcripts, shaped like the dispatcher's `Transcriber`.
-//! - [`mps`]: the environment and control-daemon commands of CUDA MPS, as data.
+//! - [`mps`]: the environment and control-daemon commands of CUDA MPS, as data, and the
+//!   `terminate_client` exchange run before an MPS client is killed.
+//! - [`FleetOptions`]: the command-line shape of a fleet, shared by the standalone `fleet`
+//!   supervisor binary and the dispatcher's `--engine fleet`.
+//! - Observability: [`FleetEvent`]s, [`FleetHealth`], [`Fleet::render_prometheus`].
 //!
 //! Synchronous (threads, not async): the dispatcher calls transcribers on blocking threads.
 
 mod client;
 pub mod config;
 mod error;
+mod events;
 mod fleet;
+mod health;
 mod load_lock;
+mod metrics;
 pub mod mps;
+mod options;
 mod transcriber;
 
 pub use config::{Backoff, FleetConfig, GroupConfig};
 pub use error::FleetError;
-pub use fleet::{Fleet, RestartCause, WorkerStatus};
+pub use events::FleetEvent;
+pub use fleet::{Fleet, FleetHooks, RestartCause, WorkerPhase, WorkerStatus};
+pub use health::{FleetHealth, GroupHealth};
 pub use load_lock::LoadLock;
+pub use options::{gpu_groups, FleetOptions};
 pub use transcriber::FleetTranscriber;

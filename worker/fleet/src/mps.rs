@@ -5,8 +5,16 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::time::Duration;
 
 use crate::error::FleetError;
+
+mod control;
+
+pub use control::{
+    get_client_list, get_server_list, parse_pids, terminate_client, terminate_clients, MpsControl,
+    SystemMps, Terminated,
+};
 
 pub const CONTROL_BINARY: &str = "nvidia-cuda-mps-control";
 
@@ -96,6 +104,11 @@ impl CommandSpec {
 
     /// Runs to completion; a non-zero exit is an error carrying stderr.
     pub fn run(&self) -> Result<Output, FleetError> {
+        self.run_with_timeout(Duration::MAX)
+    }
+
+    /// Like [`Self::run`], but a command still running after `timeout` is killed and reported.
+    pub fn run_with_timeout(&self, timeout: Duration) -> Result<Output, FleetError> {
         let fail = |detail: String| FleetError::Mps {
             command: self.display(),
             detail,
@@ -117,7 +130,29 @@ impl CommandSpec {
                 .write_all(text.as_bytes())
                 .map_err(|e| fail(e.to_string()))?;
         }
-        let output = child.wait_with_output().map_err(|e| fail(e.to_string()))?;
+        // Output is read on its own threads and exit is awaited separately: `-d` forks a
+        // daemon that may keep our pipes open, so end-of-file is not a completion signal.
+        let pid = child.id();
+        let stdout = read_in_background(child.stdout.take());
+        let stderr = read_in_background(child.stderr.take());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait());
+        });
+        let status = match rx.recv_timeout(timeout) {
+            Ok(waited) => waited.map_err(|e| fail(e.to_string()))?,
+            Err(_) => {
+                if let Some(pid) = rustix::process::Pid::from_raw(pid as i32) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
+                return Err(fail(format!("no answer within {} ms", timeout.as_millis())));
+            }
+        };
+        let output = Output {
+            status,
+            stdout: stdout.recv_timeout(OUTPUT_GRACE).unwrap_or_default(),
+            stderr: stderr.recv_timeout(OUTPUT_GRACE).unwrap_or_default(),
+        };
         if !output.status.success() {
             return Err(fail(format!(
                 "{}: {}",
@@ -129,7 +164,24 @@ impl CommandSpec {
     }
 }
 
-fn daemon_env(gpu: u32, dirs: &MpsDirs) -> Vec<(String, String)> {
+/// How long output may trail the exit of a command.
+const OUTPUT_GRACE: Duration = Duration::from_millis(500);
+
+fn read_in_background(
+    pipe: Option<impl std::io::Read + Send + 'static>,
+) -> std::sync::mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    if let Some(mut pipe) = pipe {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            let _ = tx.send(bytes);
+        });
+    }
+    rx
+}
+
+pub(crate) fn daemon_env(gpu: u32, dirs: &MpsDirs) -> Vec<(String, String)> {
     vec![
         ("CUDA_VISIBLE_DEVICES".into(), gpu.to_string()),
         ("CUDA_MPS_PIPE_DIRECTORY".into(), path_str(&dirs.pipe)),
@@ -164,14 +216,18 @@ pub fn daemon_running(dirs: &MpsDirs) -> bool {
 
 /// Starts the GPU's daemon unless one already serves its pipe directory. `Ok(true)` when this
 /// call started it (and so should stop it).
-pub fn ensure_daemon(gpu: u32, dirs: &MpsDirs) -> Result<bool, FleetError> {
-    if daemon_running(dirs) {
+pub fn ensure_daemon(
+    control: &dyn MpsControl,
+    gpu: u32,
+    dirs: &MpsDirs,
+) -> Result<bool, FleetError> {
+    if control.daemon_running(dirs) {
         return Ok(false);
     }
     for dir in [&dirs.pipe, &dirs.log] {
         std::fs::create_dir_all(dir).map_err(FleetError::io("creating MPS directory", dir))?;
     }
-    daemon_start(gpu, dirs).run()?;
+    control.run(&daemon_start(gpu, dirs))?;
     Ok(true)
 }
 
@@ -259,6 +315,22 @@ mod tests {
         assert!(!daemon_running(&dirs));
         std::fs::write(dir.path().join("control"), b"").unwrap();
         assert!(daemon_running(&dirs));
+    }
+
+    /// `nvidia-cuda-mps-control -d` forks a daemon that may hold our output pipes open: the
+    /// command's own exit is what counts.
+    #[test]
+    fn a_command_that_leaves_a_child_on_its_pipes_still_returns() {
+        let spec = CommandSpec {
+            program: "sh".into(),
+            args: vec!["-c".into(), "echo started; sleep 3 &".into()],
+            env: vec![],
+            stdin: None,
+        };
+        let started = std::time::Instant::now();
+        let output = spec.run_with_timeout(Duration::from_secs(10)).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(2));
+        assert!(output.status.success());
     }
 
     #[test]

@@ -18,9 +18,9 @@ pub use frame::{decode_body, encode_frame, read_frame, write_frame, MAX_FRAME_BY
 #[cfg(feature = "tokio")]
 pub use frame::{read_frame_async, write_frame_async};
 pub use messages::{
-    Audio, ClientMessage, HealthReport, ModelInfo, RequestId, Timings, TranscribeRequest,
-    TranscribeResponse, WireError, WireErrorKind, WorkerInfo, WorkerMessage, WorkerState,
-    PROTOCOL_VERSION,
+    Audio, ClientMessage, DeviceReport, HealthReport, ModelInfo, MpsReport, RequestId, Timings,
+    TranscribeRequest, TranscribeResponse, WireError, WireErrorKind, WorkerInfo, WorkerMessage,
+    WorkerState, PROTOCOL_VERSION,
 };
 
 #[cfg(test)]

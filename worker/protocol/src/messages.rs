@@ -5,7 +5,9 @@ use models::transcript::Hypothesis;
 use serde::{Deserialize, Serialize};
 
 /// Version 1: PCM requests, hypotheses with optional confidences, health pings.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// Version 2: the handshake's optional [`DeviceReport`]; batch sequence number and real
+/// (unpadded) frames in [`Timings`], so a client can aggregate per-batch metrics.
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// Chosen by the client, unique per connection; the worker echoes it.
 pub type RequestId = u64;
@@ -69,6 +71,28 @@ pub struct WorkerInfo {
     pub engine: String,
     pub pid: u32,
     pub model: ModelInfo,
+    /// The GPU this worker runs on, as its engine probed it; `None` on the CPU engines.
+    pub device: Option<DeviceReport>,
+}
+
+/// What the worker's engine found when it created its device context.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceReport {
+    /// CUDA ordinal inside this process (after `CUDA_VISIBLE_DEVICES`).
+    pub ordinal: u32,
+    pub name: String,
+    pub sm_count: u32,
+    /// (major, minor).
+    pub compute_capability: (u32, u32),
+    pub memory_bytes: u64,
+    /// Present when the context is an MPS client.
+    pub mps: Option<MpsReport>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MpsReport {
+    /// The SM share this client runs under (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`), in percent.
+    pub active_thread_percentage: u32,
 }
 
 /// What a client needs to turn hypotheses into timed text without loading the weights
@@ -103,6 +127,11 @@ pub struct Timings {
     pub batch_size: u32,
     /// Longest member's feature frames × batch size.
     pub padded_frames: u64,
+    /// Sum of the members' own feature frames (`padded_frames - batch_frames` is padding).
+    pub batch_frames: u64,
+    /// The worker process's batch counter (from 1): answers of one batch share it, so a client
+    /// counts each batch once.
+    pub batch_seq: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

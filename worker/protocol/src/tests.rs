@@ -30,6 +30,8 @@ fn response() -> WorkerMessage {
             batch_us: 2,
             batch_size: 4,
             padded_frames: 1200,
+            batch_frames: 1000,
+            batch_seq: 9,
         },
     })
 }
@@ -51,6 +53,36 @@ fn messages_round_trip_through_frames() {
         read_frame::<WorkerMessage>(&mut r),
         Err(ProtocolError::Closed)
     ));
+}
+
+#[test]
+fn handshake_carries_the_device_report() {
+    let hello = WorkerMessage::Hello {
+        version: PROTOCOL_VERSION,
+        worker: WorkerInfo {
+            engine: "cuda".into(),
+            pid: 77,
+            model: ModelInfo {
+                path: "/m.nemo".into(),
+                vocabulary: vec!["a".into()],
+                window_stride_s: 0.01,
+                subsampling_factor: 8,
+                sample_rate_hz: 16_000,
+            },
+            device: Some(DeviceReport {
+                ordinal: 0,
+                name: "NVIDIA H200".into(),
+                sm_count: 132,
+                compute_capability: (9, 0),
+                memory_bytes: 150_000_000_000,
+                mps: Some(MpsReport {
+                    active_thread_percentage: 25,
+                }),
+            }),
+        },
+    };
+    let frame = encode_frame(&hello).unwrap();
+    assert_eq!(decode_body::<WorkerMessage>(&frame[4..]).unwrap(), hello);
 }
 
 #[test]

@@ -79,6 +79,11 @@ pub(super) fn on_message(shared: &Shared, slot: usize, generation: u64, message:
     match message {
         WorkerMessage::Result(response) => {
             let id = response.id;
+            let s = &mut state.slots[slot];
+            let new_batch = s.last_batch_seq != Some(response.timings.batch_seq);
+            s.last_batch_seq = Some(response.timings.batch_seq);
+            let group = s.group;
+            state.metrics[group].observe_answer(&response.timings, new_batch);
             let ours = state
                 .requests
                 .get(&id)
@@ -126,6 +131,7 @@ pub(super) fn on_message(shared: &Shared, slot: usize, generation: u64, message:
             if s.ping.is_some_and(|(nonce, _)| nonce == report.nonce) {
                 s.ping = None;
             }
+            s.queue_depth = report.queue_depth;
             if report.state == WorkerState::Wedged {
                 fail_slot(shared, &mut state, slot, RestartCause::Wedged);
             }

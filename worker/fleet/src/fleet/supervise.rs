@@ -11,31 +11,105 @@ use super::routing::{dispatch, on_message, send};
 use super::{Phase, RestartCause, Shared, Slot, State, HANDSHAKE_TIMEOUT, TICK};
 use crate::client::{Opened, WriteFailure};
 use crate::error::FleetError;
+use crate::events::FleetEvent;
 use crate::load_lock::LoadLock;
 use crate::mps;
 
 /// Kills the slot's worker, re-queues what it held and schedules a restart with backoff. In an
-/// MPS group the other workers of the GPU go too: the fault reached them as well.
+/// MPS group the other workers of the GPU go too: the fault reached them as well. Under MPS,
+/// the GPU's daemon is first asked to terminate every client about to be killed (NVIDIA: a
+/// client killed with work outstanding can leave the server hung or corrupt).
 pub(super) fn fail_slot(shared: &Shared, state: &mut State, slot: usize, cause: RestartCause) {
     let group = state.slots[slot].group;
     let whole_group = shared.config.groups[group].mps.is_some() && cause != RestartCause::Group;
-    take_down(shared, state, slot, cause);
+    let mut victims = vec![(slot, cause)];
     if whole_group {
         for other in 0..state.slots.len() {
             if other != slot
                 && state.slots[other].group == group
                 && !matches!(state.slots[other].phase, Phase::Down { .. })
             {
-                take_down(shared, state, other, RestartCause::Group);
+                victims.push((other, RestartCause::Group));
             }
+        }
+    }
+    terminate_mps_clients(shared, state, group, &victims);
+    for (victim, cause) in victims {
+        take_down(shared, state, victim, cause);
+    }
+}
+
+/// `terminate_client` for each victim still running, on its GPU's own daemon. A failure is
+/// reported and the kill goes ahead: the group restart is the fallback either way.
+fn terminate_mps_clients(
+    shared: &Shared,
+    state: &mut State,
+    group: usize,
+    victims: &[(usize, RestartCause)],
+) {
+    let cfg = &shared.config.groups[group];
+    let (Some(gpu), Some(mps_cfg)) = (cfg.gpu, &cfg.mps) else {
+        return;
+    };
+    let mut alive = Vec::new();
+    for &(slot, _) in victims {
+        if let Some(child) = state.slots[slot].child.as_mut() {
+            if matches!(child.try_wait(), Ok(None)) {
+                alive.push(child.id());
+            }
+        }
+    }
+    if alive.is_empty() {
+        return;
+    }
+    match mps::terminate_clients(&*shared.mps, gpu, &mps_cfg.dirs(gpu), &alive) {
+        Ok(done) => {
+            for t in done {
+                tracing::warn!(
+                    gpu,
+                    server = t.server_pid,
+                    client = t.client_pid,
+                    "MPS client terminated"
+                );
+                shared.emit(FleetEvent::MpsClientTerminated {
+                    gpu,
+                    server_pid: t.server_pid,
+                    client_pid: t.client_pid,
+                });
+            }
+        }
+        Err(e) => {
+            tracing::error!(gpu, error = %e, "MPS terminate_client failed; killing anyway");
+            shared.emit(FleetEvent::MpsTerminateFailed {
+                gpu,
+                clients: alive,
+                error: e.to_string(),
+            });
         }
     }
 }
 
 fn take_down(shared: &Shared, state: &mut State, slot: usize, cause: RestartCause) {
-    tracing::warn!(slot, ?cause, "restarting worker");
+    let group = state.slots[slot].group;
+    let group_name = shared.config.groups[group].name.clone();
+    let pid = state.slots[slot]
+        .child
+        .as_ref()
+        .map(std::process::Child::id);
+    tracing::warn!(group = %group_name, slot, pid, ?cause, "restarting worker");
+    shared.emit(FleetEvent::WorkerRestart {
+        group: group_name,
+        slot,
+        pid,
+        cause,
+    });
     *state.restarts.entry(cause).or_default() += 1;
+    state.metrics[group].observe_restart(cause);
     let s = &mut state.slots[slot];
+    s.info = None;
+    s.last_batch_seq = None;
+    s.queue_depth = 0;
+    s.last_restart = Some(cause);
     if let Some(conn) = s.conn.take() {
         conn.close();
     }
@@ -192,6 +266,11 @@ fn tick(shared: &Shared, state: &mut State) -> Vec<(usize, u64, PathBuf)> {
                     Err(e) => {
                         tracing::error!(error = %e, binary = %cfg.worker_binary.display(),
                             "spawning worker");
+                        shared.emit(FleetEvent::WorkerSpawnFailed {
+                            group: cfg.groups[s.group].name.clone(),
+                            slot: i,
+                            error: format!("{}: {e}", cfg.worker_binary.display()),
+                        });
                         let s = &mut state.slots[i];
                         s.failures += 1;
                         s.phase = Phase::Down {
@@ -253,8 +332,24 @@ fn try_connect(shared: &Arc<Shared>, slot: usize, generation: u64, socket: &std:
     s.conn = Some(Arc::new(conn));
     s.phase = Phase::Ready; // drops the load lock: the next worker may load
     s.last_ping = Instant::now();
+    s.info = Some(info.clone());
+    let group = &shared.config.groups[s.group];
+    let assigned = group
+        .mps
+        .as_ref()
+        .filter(|_| group.gpu.is_some())
+        .map(|m| m.thread_percentage(group.instances));
+    tracing::info!(group = %group.name, slot, pid = info.pid, engine = %info.engine,
+        device = ?info.device, "worker ready");
+    shared.emit(FleetEvent::WorkerReady {
+        group: group.name.clone(),
+        slot,
+        pid: info.pid,
+        engine: info.engine.clone(),
+        device: info.device.clone(),
+        assigned_thread_percentage: assigned,
+    });
     if state.model.is_none() {
         state.model = Some(info.model);
     }
-    tracing::info!(slot, pid = info.pid, "worker ready");
 }

@@ -1,0 +1,127 @@
+//! `fleet`: the worker supervisor on its own, for systemd units and containers.
+//!
+//! Starts one MPS control daemon per GPU (unless one already serves that GPU's pipe
+//! directory), the worker groups, and a `/health` + `/metrics` listener; prints every
+//! supervisor event as one JSON line on stdout; on SIGTERM or SIGINT stops the workers and the
+//! daemons it started, and exits 0.
+
+mod http;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+use worker_fleet::{Fleet, FleetEvent, FleetHooks, FleetOptions};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum WorkerEngine {
+    Cpu,
+    Onnx,
+    Cuda,
+}
+
+impl WorkerEngine {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::Onnx => "onnx",
+            Self::Cuda => "cuda",
+        }
+    }
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "fleet",
+    about = "Supervise Parakeet worker processes: per-GPU groups under CUDA MPS, or CPU workers"
+)]
+struct Args {
+    /// The engine every worker runs (`worker serve --engine`).
+    #[arg(long, env = "FLEET_ENGINE", value_enum)]
+    engine: WorkerEngine,
+    /// The model every worker loads (`.nemo`, or an ONNX export directory).
+    #[arg(long, env = "FLEET_MODEL")]
+    model: PathBuf,
+    /// Serve `/health` (JSON; 200 when every group has a ready worker) and `/metrics`
+    /// (Prometheus text) here.
+    #[arg(long, env = "FLEET_METRICS_ADDR", default_value = "127.0.0.1:9410")]
+    metrics_addr: SocketAddr,
+    #[command(flatten)]
+    fleet: FleetOptions,
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let config = args
+        .fleet
+        .to_config(args.engine.name(), &args.model)
+        .context("fleet options")?;
+    let (events, printed) = std::sync::mpsc::channel::<FleetEvent>();
+    let printer = std::thread::Builder::new()
+        .name("fleet-events".into())
+        .spawn(move || print_events(printed))
+        .context("event printer thread")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    let served = runtime.block_on(async move {
+        let hooks = FleetHooks {
+            events: Some(events),
+            ..FleetHooks::default()
+        };
+        let fleet = Arc::new(Fleet::start_with(config, hooks).context("starting the fleet")?);
+        let result = serve_until_signal(Arc::clone(&fleet), args.metrics_addr).await;
+        // Workers first, then the daemons they were clients of (Fleet::shutdown's order).
+        tokio::task::spawn_blocking(move || fleet.shutdown())
+            .await
+            .context("shutdown task")?;
+        result
+    });
+    // The fleet (and with it the event sender) is gone: the printer drains and ends.
+    let _ = printer.join();
+    served
+}
+
+async fn serve_until_signal(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    let bound = http::serve(addr, fleet, async move {
+        let _ = http_stopped.await;
+    })
+    .await?;
+    tracing::info!(addr = %bound, "serving /health and /metrics");
+    tokio::select! {
+        _ = terminate.recv() => tracing::info!("SIGTERM: stopping the fleet"),
+        _ = interrupt.recv() => tracing::info!("SIGINT: stopping the fleet"),
+    }
+    let _ = stop_http.send(());
+    Ok(())
+}
+
+/// One JSON object per line, flushed at once (operators and scripts grep stdout).
+fn print_events(events: std::sync::mpsc::Receiver<FleetEvent>) {
+    let stdout = std::io::stdout();
+    for event in events {
+        match serde_json::to_string(&event) {
+            Ok(line) => {
+                let mut out = stdout.lock();
+                let _ = writeln!(out, "{line}");
+                let _ = out.flush();
+            }
+            Err(e) => tracing::warn!(error = %e, ?event, "event not printable"),
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! What the supervisor did, as typed events: the standalone `fleet` binary prints each as one
+//! JSON line on stdout (for operators and scripts to grep), tests assert on them.
+
+use serde::Serialize;
+use worker_protocol::DeviceReport;
+
+use crate::fleet::RestartCause;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum FleetEvent {
+    /// A GPU's MPS control daemon: `started` by this fleet, or found running (then left alone
+    /// at shutdown).
+    MpsDaemon {
+        gpu: u32,
+        pipe_directory: String,
+        log_directory: String,
+        started: bool,
+    },
+    /// A worker finished warm-up and handshook.
+    WorkerReady {
+        group: String,
+        slot: usize,
+        pid: u32,
+        engine: String,
+        /// As the worker's engine probed it (`None` on CPU engines).
+        device: Option<DeviceReport>,
+        /// The MPS thread share the supervisor gave it (`None` without MPS).
+        assigned_thread_percentage: Option<u32>,
+    },
+    /// A worker is being taken down and will be restarted after its backoff.
+    WorkerRestart {
+        group: String,
+        slot: usize,
+        pid: Option<u32>,
+        cause: RestartCause,
+    },
+    /// A worker process could not be spawned.
+    WorkerSpawnFailed {
+        group: String,
+        slot: usize,
+        error: String,
+    },
+    /// The GPU's daemon was asked to terminate a client before the client is killed.
+    MpsClientTerminated {
+        gpu: u32,
+        server_pid: u32,
+        client_pid: u32,
+    },
+    /// Asking the daemon failed; the clients are killed anyway.
+    MpsTerminateFailed {
+        gpu: u32,
+        clients: Vec<u32>,
+        error: String,
+    },
+    MpsDaemonStopped {
+        gpu: u32,
+    },
+    MpsDaemonStopFailed {
+        gpu: u32,
+        error: String,
+    },
+    /// Every worker is stopped.
+    Stopped,
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_one_json_object_with_an_event_tag() {
+        let line = serde_json::to_string(&FleetEvent::WorkerRestart {
+            group: "gpu0".into(),
+            slot: 2,
+            pid: Some(41),
+            cause: RestartCause::Stuck,
+        })
+        .unwrap();
+        assert_eq!(
+            line,
+            r#"{"event":"worker_restart","group":"gpu0","slot":2,"pid":41,"cause":"stuck"}"#
+        );
+    }
+}

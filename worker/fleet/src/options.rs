@@ -1,0 +1,217 @@
+//! A fleet on the command line: the flags (and `FLEET_*` environment variables) shared by the
+//! standalone `fleet` supervisor and the dispatcher's `--engine fleet`. The worker engine and
+//! the model are not here: each program names those its own way.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::config::{FleetConfig, GroupConfig};
+use crate::error::FleetError;
+use crate::mps::MpsConfig;
+
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct FleetOptions {
+    /// GPU ordinals, one worker group and one MPS domain each, e.g. `0,1`.
+    #[arg(
+        long,
+        env = "FLEET_GPUS",
+        value_delimiter = ',',
+        conflicts_with = "cpu_instances"
+    )]
+    pub gpus: Vec<u32>,
+    /// Workers per GPU.
+    #[arg(long, env = "FLEET_INSTANCES_PER_GPU", default_value_t = 1)]
+    pub instances_per_gpu: usize,
+    /// CPU mode: this many workers in one group, no GPU, no MPS.
+    #[arg(long, env = "FLEET_CPU_INSTANCES")]
+    pub cpu_instances: Option<usize>,
+    /// Plain time-slicing: no MPS daemon, no thread percentage.
+    #[arg(long, env = "FLEET_NO_MPS")]
+    pub no_mps: bool,
+    /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` of every worker (default: 100 / instances per GPU).
+    #[arg(long, env = "FLEET_MPS_THREAD_PERCENTAGE",
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub mps_thread_percentage: Option<u32>,
+    /// MPS pipe directories are `<root>/gpu<N>` (default: `<runtime-dir>/mps/pipe`).
+    #[arg(long, env = "FLEET_MPS_PIPE_ROOT")]
+    pub mps_pipe_root: Option<PathBuf>,
+    /// MPS log directories are `<root>/gpu<N>` (default: `<runtime-dir>/mps/log`).
+    #[arg(long, env = "FLEET_MPS_LOG_ROOT")]
+    pub mps_log_root: Option<PathBuf>,
+    /// The `worker` executable (default: `worker` next to this program).
+    #[arg(long, env = "FLEET_WORKER_BINARY")]
+    pub worker_binary: Option<PathBuf>,
+    /// Worker sockets and the model-load lock (default: `<temp dir>/parakeet-fleet`). One
+    /// fleet per directory.
+    #[arg(long, env = "FLEET_RUNTIME_DIR")]
+    pub runtime_dir: Option<PathBuf>,
+    /// Extra `worker serve` argument, repeatable: `--worker-arg=--max-batch-wait-ms=20`.
+    #[arg(
+        long = "worker-arg",
+        env = "FLEET_WORKER_ARGS",
+        value_delimiter = ' ',
+        allow_hyphen_values = true
+    )]
+    pub worker_args: Vec<String>,
+    /// Requests in flight on one worker, at most (beyond: wait in the supervisor).
+    #[arg(long, env = "FLEET_MAX_OUTSTANDING_PER_WORKER", default_value_t = 32)]
+    pub max_outstanding_per_worker: usize,
+    /// A request unanswered this long marks its worker stuck.
+    #[arg(long, env = "FLEET_REQUEST_TIMEOUT_S", default_value_t = 120)]
+    pub request_timeout_s: u64,
+    /// A health ping unanswered this long marks the worker stuck.
+    #[arg(long, env = "FLEET_HEALTH_TIMEOUT_MS", default_value_t = 5000)]
+    pub health_timeout_ms: u64,
+    /// Spawn to ready (model load and warm-up), at most.
+    #[arg(long, env = "FLEET_STARTUP_TIMEOUT_S", default_value_t = 300)]
+    pub startup_timeout_s: u64,
+}
+
+impl FleetOptions {
+    /// The fleet running `worker serve --engine <engine> --model <model>`.
+    pub fn to_config(&self, engine: &str, model: &Path) -> Result<FleetConfig, FleetError> {
+        let runtime_dir = self
+            .runtime_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("parakeet-fleet"));
+        let worker_binary = match &self.worker_binary {
+            Some(path) => path.clone(),
+            None => sibling_worker()?,
+        };
+        let groups = match (self.cpu_instances, self.gpus.is_empty()) {
+            (Some(n), true) => {
+                FleetConfig::cpu(PathBuf::new(), PathBuf::new(), PathBuf::new(), n).groups
+            }
+            (None, false) => {
+                let mps = (!self.no_mps).then(|| MpsConfig {
+                    pipe_root: self
+                        .mps_pipe_root
+                        .clone()
+                        .unwrap_or_else(|| runtime_dir.join("mps/pipe")),
+                    log_root: self
+                        .mps_log_root
+                        .clone()
+                        .unwrap_or_else(|| runtime_dir.join("mps/log")),
+                    active_thread_percentage: self.mps_thread_percentage,
+                });
+                gpu_groups(&self.gpus, self.instances_per_gpu, mps.as_ref())?
+            }
+            _ => {
+                return Err(FleetError::Config(
+                    "give either --gpus (GPU groups) or --cpu-instances (CPU mode)".into(),
+                ))
+            }
+        };
+        let mut config = FleetConfig::cpu(worker_binary, model.to_owned(), runtime_dir, 1);
+        config.engine = engine.to_owned();
+        config.groups = groups;
+        config.worker_args = self.worker_args.clone();
+        config.max_outstanding_per_worker = self.max_outstanding_per_worker;
+        config.request_timeout = Duration::from_secs(self.request_timeout_s);
+        config.health_timeout = Duration::from_millis(self.health_timeout_ms);
+        config.startup_timeout = Duration::from_secs(self.startup_timeout_s);
+        config.validate().map_err(FleetError::Config)?;
+        Ok(config)
+    }
+}
+
+/// One group per GPU, named `gpu<N>`, each with its own MPS domain when `mps` is given.
+pub fn gpu_groups(
+    gpus: &[u32],
+    instances: usize,
+    mps: Option<&MpsConfig>,
+) -> Result<Vec<GroupConfig>, FleetError> {
+    let mut seen = std::collections::HashSet::new();
+    if let Some(dup) = gpus.iter().find(|g| !seen.insert(**g)) {
+        return Err(FleetError::Config(format!("GPU {dup} is listed twice")));
+    }
+    Ok(gpus
+        .iter()
+        .map(|&gpu| GroupConfig {
+            name: format!("gpu{gpu}"),
+            gpu: Some(gpu),
+            instances,
+            mps: mps.cloned(),
+        })
+        .collect())
+}
+
+fn sibling_worker() -> Result<PathBuf, FleetError> {
+    let exe = std::env::current_exe().map_err(FleetError::io("locating", "current executable"))?;
+    Ok(exe.with_file_name("worker"))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        fleet: FleetOptions,
+    }
+
+    fn parse(args: &[&str]) -> Result<FleetOptions, clap::Error> {
+        Cli::try_parse_from(std::iter::once("fleet").chain(args.iter().copied())).map(|c| c.fleet)
+    }
+
+    #[test]
+    fn gpus_become_one_mps_group_each() {
+        let opts = parse(&[
+            "--gpus",
+            "0,1",
+            "--instances-per-gpu",
+            "4",
+            "--runtime-dir",
+            "/run/f",
+            "--worker-binary",
+            "/bin/worker",
+            "--worker-arg=--max-batch-wait-ms=20",
+        ])
+        .unwrap();
+        let cfg = opts.to_config("cuda", Path::new("/m.nemo")).unwrap();
+        assert_eq!(cfg.engine, "cuda");
+        assert_eq!(cfg.worker_args, vec!["--max-batch-wait-ms=20"]);
+        let names: Vec<&str> = cfg.groups.iter().map(|g| g.name.as_str()).collect();
+        assert_eq!(names, vec!["gpu0", "gpu1"]);
+        let mps = cfg.groups[1].mps.as_ref().unwrap();
+        assert_eq!(mps.dirs(1).pipe, PathBuf::from("/run/f/mps/pipe/gpu1"));
+        assert_eq!(mps.dirs(0).log, PathBuf::from("/run/f/mps/log/gpu0"));
+        assert_eq!(mps.thread_percentage(4), 25);
+        assert!(cfg.groups.iter().all(|g| g.instances == 4));
+    }
+
+    #[test]
+    fn no_mps_and_cpu_modes() {
+        let opts = parse(&["--gpus", "0", "--no-mps", "--worker-binary", "w"]).unwrap();
+        let cfg = opts.to_config("cuda", Path::new("m")).unwrap();
+        assert!(cfg.groups[0].mps.is_none());
+        let opts = parse(&["--cpu-instances", "3", "--worker-binary", "w"]).unwrap();
+        let cfg = opts.to_config("cpu", Path::new("m")).unwrap();
+        assert_eq!(cfg.groups.len(), 1);
+        assert_eq!((cfg.groups[0].gpu, cfg.groups[0].instances), (None, 3));
+    }
+
+    #[test]
+    fn bad_shapes_are_refused() {
+        assert!(parse(&["--gpus", "0", "--cpu-instances", "2"]).is_err());
+        assert!(parse(&["--gpus", "0", "--mps-thread-percentage", "0"]).is_err());
+        let neither = parse(&["--worker-binary", "w"]).unwrap();
+        assert!(neither.to_config("cpu", Path::new("m")).is_err());
+        let twice = parse(&["--gpus", "1,1", "--worker-binary", "w"]).unwrap();
+        assert!(twice.to_config("cuda", Path::new("m")).is_err());
+        let zero = parse(&[
+            "--gpus",
+            "0",
+            "--instances-per-gpu",
+            "0",
+            "--worker-binary",
+            "w",
+        ])
+        .unwrap();
+        assert!(zero.to_config("cuda", Path::new("m")).is_err());
+    }
+}
