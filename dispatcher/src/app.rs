@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
 use crate::decode::AudioSettings;
+use crate::diarizer::Diarizer;
 use crate::error::Result;
 use crate::job::Prefix;
 use crate::lifecycle::retry::RetrySettings;
@@ -110,6 +111,15 @@ impl MetricsRuntime {
     }
 }
 
+/// The diarization model named by the settings (`diar_model`), if any.
+pub fn load_diarizer(settings: &Settings) -> Result<Option<Arc<dyn Diarizer>>> {
+    settings
+        .diar_model
+        .as_deref()
+        .map(|path| crate::diarizer::load(path, settings.diar_model_id.clone()))
+        .transpose()
+}
+
 /// A consumer over `queue` and `store` with the given engine, sharing `metrics`' health flag.
 pub fn consumer(
     settings: &Settings,
@@ -119,12 +129,36 @@ pub fn consumer(
     metrics: &MetricsRuntime,
     exit_when_idle: bool,
 ) -> Result<Arc<Consumer>> {
-    let pipeline = Arc::new(Pipeline::new(
+    consumer_with_diarizer(
+        settings,
+        queue,
         store,
         transcriber,
-        metrics.metrics.clone(),
-        pipeline_settings(settings)?,
-    ));
+        None,
+        metrics,
+        exit_when_idle,
+    )
+}
+
+/// Like [`consumer`], serving diarization requests with `diarizer`.
+pub fn consumer_with_diarizer(
+    settings: &Settings,
+    queue: Arc<dyn Queue>,
+    store: Arc<dyn ObjectStore>,
+    transcriber: Arc<dyn Transcriber>,
+    diarizer: Option<Arc<dyn Diarizer>>,
+    metrics: &MetricsRuntime,
+    exit_when_idle: bool,
+) -> Result<Arc<Consumer>> {
+    let pipeline = Arc::new(
+        Pipeline::new(
+            store,
+            transcriber,
+            metrics.metrics.clone(),
+            pipeline_settings(settings)?,
+        )
+        .with_diarizer(diarizer),
+    );
     let mut consumer = Consumer::new(queue, pipeline, consumer_settings(settings, exit_when_idle));
     consumer.healthy = metrics.healthy.clone();
     Ok(Arc::new(consumer))

@@ -92,6 +92,11 @@ settings! {
         model: PathBuf;
         /// Model id used in result keys (default: file name plus a hash of the file).
         model_id: String;
+        /// The diarization model (a Sortformer `.nemo`); jobs asking for diarization fail
+        /// with `diarization_unavailable` without one.
+        diar_model: PathBuf;
+        /// Diarization model id used in result keys (default: file name plus a hash).
+        diar_model_id: String;
         /// SQS queue URL (`run`, `enqueue`, `backfill`).
         queue_url: String;
         /// Serve Prometheus `/metrics` and `/health` here, e.g. 127.0.0.1:9100.

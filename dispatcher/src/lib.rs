@@ -6,6 +6,7 @@ pub mod aws;
 pub mod backfill;
 pub mod config;
 pub mod decode;
+pub mod diarizer;
 pub mod engine;
 pub mod error;
 pub mod job;

@@ -124,6 +124,10 @@ pub struct Manifest {
     pub job_id: String,
     pub input: InputInfo,
     pub model_id: String,
+    /// The diarization model's id when the job was diarized (its id is also part of
+    /// `model_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diarization_model_id: Option<String>,
     pub audio_duration_s: f64,
     pub segments: usize,
     pub outputs: Vec<OutputEntry>,

@@ -1,14 +1,18 @@
 //! One job, start to finish: look up the input, skip it if a result exists, fetch, decode,
-//! transcribe, write the outputs and then the manifest. Permanent failures become a failure
+//! transcribe (and diarize, at the same time, when asked), write the outputs and then the
+//! manifest. Permanent failures become a failure
 //! record in the result location; other errors go back to the caller, which releases the
 //! message.
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use models::render::RenderOptions;
+use models::speakers::{attribute_speakers, AttributionOptions, SpeakerSegment};
 use tokio::sync::Semaphore;
 
 use crate::decode::{self, AudioSettings, Decoded};
+use crate::diarizer::{diarized_model_id, Diarizer};
 use crate::error::{DispatchError, ErrorClass, Result};
 use crate::job::{Job, OutputFormat, Prefix};
 use crate::lifecycle::retry::{retry_transient, RetrySettings};
@@ -60,6 +64,8 @@ impl JobOutcome {
 pub struct Pipeline {
     store: Arc<dyn ObjectStore>,
     transcriber: Arc<dyn Transcriber>,
+    /// Runs when a job asks for diarization; without one such jobs fail permanently.
+    diarizer: Option<Arc<dyn Diarizer>>,
     metrics: Metrics,
     settings: PipelineSettings,
     inference: Arc<Semaphore>,
@@ -76,14 +82,34 @@ impl Pipeline {
         Self {
             store,
             transcriber,
+            diarizer: None,
             metrics,
             settings,
             inference,
         }
     }
 
+    /// Serves diarization requests with `diarizer`.
+    pub fn with_diarizer(mut self, diarizer: Option<Arc<dyn Diarizer>>) -> Self {
+        self.diarizer = diarizer;
+        self
+    }
+
     pub fn model_id(&self) -> &str {
         self.transcriber.model_id()
+    }
+
+    /// The model id in this job's result keys and records: the transcriber's, joined with
+    /// the diarizer's when the job asks for diarization (see [`diarized_model_id`]).
+    pub fn result_model_id(&self, job: &Job) -> String {
+        if job.diarize {
+            diarized_model_id(
+                self.model_id(),
+                self.diarizer.as_ref().map(|d| d.model_id()),
+            )
+        } else {
+            self.model_id().to_owned()
+        }
     }
 
     pub fn store(&self) -> &Arc<dyn ObjectStore> {
@@ -118,7 +144,7 @@ impl Pipeline {
         let started = Instant::now();
         tracing::info!(job_id = %job.job_id, input = %job.input.uri(), "job started");
         let output = self.output_prefix(job)?;
-        let model_id = self.model_id().to_owned();
+        let model_id = self.result_model_id(job);
         let head = retry_transient(self.settings.retry, "head input", || {
             self.store.head(&job.input)
         })
@@ -180,7 +206,7 @@ impl Pipeline {
         let record = FailureRecord::new(
             job,
             InputInfo::new(&job.input, meta),
-            self.model_id(),
+            &self.result_model_id(job),
             &error,
         );
         self.writer().write_failure(loc, &record).await?;
@@ -195,9 +221,11 @@ impl Pipeline {
         loc: &ResultLocation,
         started: Instant,
     ) -> Result<JobOutcome> {
-        if job.diarize {
-            return Err(DispatchError::DiarizationUnavailable);
-        }
+        let diarizer = match (job.diarize, &self.diarizer) {
+            (false, _) => None,
+            (true, Some(d)) => Some(d.clone()),
+            (true, None) => return Err(DispatchError::DiarizationUnavailable),
+        };
         // Empty or oversized inputs are refused before the download.
         audio::check_input_size(meta.size_bytes, &self.settings.audio.limits).map_err(|e| {
             DispatchError::Audio {
@@ -235,11 +263,18 @@ impl Pipeline {
             .expect("inference semaphore is never closed (bug)");
         self.stage(Stage::QueueWait, t);
 
-        let t = Instant::now();
-        let pieces = self.infer(&decoded).await?;
-        let inference_s = t.elapsed().as_secs_f64();
+        let transcription = async {
+            let t = Instant::now();
+            let pieces = self.infer(&decoded).await?;
+            Ok((pieces, t.elapsed().as_secs_f64()))
+        };
+        let diarization = self.diarize(diarizer.clone(), &decoded);
+        let ((pieces, inference_s), turns) = tokio::try_join!(transcription, diarization)?;
         drop(_slot);
-        self.stage(Stage::Inference, t);
+        self.metrics.emit(MetricEvent::StageSeconds {
+            stage: Stage::Inference,
+            seconds: inference_s,
+        });
         self.metrics
             .emit(MetricEvent::AudioSeconds(decoded.duration_s));
         if inference_s > 0.0 {
@@ -247,11 +282,19 @@ impl Pipeline {
                 .emit(MetricEvent::Rtfx(decoded.duration_s / inference_s));
         }
 
-        let transcript = stitch(pieces, decoded.duration_s);
+        let mut transcript = stitch(pieces, decoded.duration_s);
+        let mut options = RenderOptions {
+            file_id: Some(file_id_of(&job.input.key)),
+            ..RenderOptions::default()
+        };
+        if let Some(turns) = turns {
+            attribute_speakers(&mut transcript, &turns, &AttributionOptions::default());
+            options.speaker_turns = turns;
+        }
         let rendered = job
-            .formats
-            .iter()
-            .map(|f| Ok((*f, render::render(*f, &transcript)?)))
+            .output_formats()
+            .into_iter()
+            .map(|f| Ok((f, render::render_with(f, &transcript, &options)?)))
             .collect::<Result<Vec<(OutputFormat, String)>>>()?;
 
         let t = Instant::now();
@@ -259,7 +302,8 @@ impl Pipeline {
             schema_version: RECORD_SCHEMA_VERSION,
             job_id: job.job_id.clone(),
             input: InputInfo::new(&job.input, Some(meta)),
-            model_id: self.model_id().to_owned(),
+            model_id: self.result_model_id(job),
+            diarization_model_id: diarizer.as_ref().map(|d| d.model_id().to_owned()),
             audio_duration_s: decoded.duration_s,
             segments: decoded.segments.len(),
             outputs: Vec::new(),
@@ -313,11 +357,38 @@ impl Pipeline {
         Ok(pieces)
     }
 
+    /// Speaker turns of the whole recording on a blocking thread, when a diarizer is given.
+    async fn diarize(
+        &self,
+        diarizer: Option<Arc<dyn Diarizer>>,
+        decoded: &Decoded,
+    ) -> Result<Option<Vec<SpeakerSegment>>> {
+        let Some(diarizer) = diarizer else {
+            return Ok(None);
+        };
+        let t = Instant::now();
+        let pcm = decoded.pcm.clone();
+        let turns = tokio::task::spawn_blocking(move || diarizer.diarize(&pcm))
+            .await
+            .map_err(|e| DispatchError::Inference(format!("diarization thread panicked: {e}")))??;
+        self.stage(Stage::Diarization, t);
+        Ok(Some(turns))
+    }
+
     fn stage(&self, stage: Stage, since: Instant) {
         self.metrics.emit(MetricEvent::StageSeconds {
             stage,
             seconds: since.elapsed().as_secs_f64(),
         });
+    }
+}
+
+/// The recording's name in RTTM lines: the key's last segment without its extension.
+fn file_id_of(key: &str) -> String {
+    let name = key.rsplit('/').next().unwrap_or(key);
+    match name.rsplit_once('.') {
+        Some((stem, _)) if !stem.is_empty() => stem.to_owned(),
+        _ => name.to_owned(),
     }
 }
 

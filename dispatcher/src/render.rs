@@ -7,9 +7,14 @@ use crate::error::Result;
 use crate::job::OutputFormat;
 
 pub fn render(format: OutputFormat, transcript: &Transcript) -> Result<String> {
-    Ok(models::render::render(
-        transcript,
-        format,
-        &RenderOptions::default(),
-    ))
+    render_with(format, transcript, &RenderOptions::default())
+}
+
+/// With what the transcript does not know: the recording's name and the speaker turns (rttm).
+pub fn render_with(
+    format: OutputFormat,
+    transcript: &Transcript,
+    options: &RenderOptions,
+) -> Result<String> {
+    Ok(models::render::render(transcript, format, options))
 }

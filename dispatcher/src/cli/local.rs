@@ -66,14 +66,16 @@ pub(crate) async fn run(args: LocalArgs) -> anyhow::Result<()> {
         .clone()
         .context("--model (or MODEL, or `model` in the config file) is required to process jobs")?;
     let transcriber = dispatcher::engine::load(&model, settings.model_id.clone())?;
+    let diarizer = app::load_diarizer(&settings)?;
     let metrics = MetricsRuntime::start(&settings, None).await?;
     let queue: Arc<dyn Queue> = Arc::new(spool.clone());
     let store_dyn: Arc<dyn ObjectStore> = Arc::new(store.clone());
-    let consumer = app::consumer(
+    let consumer = app::consumer_with_diarizer(
         &settings,
         queue,
         store_dyn,
         transcriber,
+        diarizer,
         &metrics,
         !args.follow,
     )?;

@@ -35,6 +35,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
     let model = settings.model.clone().context("--model is required")?;
     let aws = dispatcher::aws::load(None).await;
     let transcriber = dispatcher::engine::load(&model, settings.model_id.clone())?;
+    let diarizer = app::load_diarizer(&settings)?;
     let sink: Option<Arc<dyn Sink>> = settings.cloudwatch_namespace.as_ref().map(|ns| {
         Arc::new(CloudWatchSink::new(
             dispatcher::aws::cloudwatch(&aws),
@@ -47,11 +48,12 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         dispatcher::aws::s3(&aws, settings.s3_force_path_style),
         settings.sse_kms_key_id.clone(),
     ));
-    let consumer = app::consumer(
+    let consumer = app::consumer_with_diarizer(
         &settings,
         queue,
         store,
         transcriber,
+        diarizer,
         &metrics,
         args.exit_when_idle,
     )?;

@@ -6,16 +6,24 @@
 //! transcribed a few segments per call, and the segment transcripts are joined. A file that
 //! fits in one segment keeps NeMo's transcript exactly as computed. A failing file is reported
 //! with its name and the others still run; the exit status is non-zero if any failed.
+//!
+//! With `--diarize --diar-model PATH`, the diarization model runs over each whole recording
+//! on a second thread while the transcription runs; words and segments get speaker labels
+//! (verbose_json, srt, vtt) and `--format rttm` prints the speaker turns.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use std::sync::Arc;
+
+use anyhow::{anyhow, bail, Context};
 use clap::ValueEnum;
+use dispatcher::diarizer::Diarizer;
 use dispatcher::transcriber::{stitch, Piece};
 use models::onnx::{OnnxModel, OnnxOptions};
 use models::render::{render, OutputFormat, RenderOptions};
+use models::speakers::{attribute_speakers, AttributionOptions, SpeakerSegment};
 use models::timestamps::{FrameTiming, TimestampOptions, Timestamper};
 use models::transcript::Transcript;
 use models::ParakeetModel;
@@ -33,10 +41,15 @@ pub(crate) struct TranscribeArgs {
     /// The model: a `.nemo` file (native engine) or an ONNX export directory (onnx engine).
     #[arg(long, env = "PARAKEET_MODEL")]
     pub(crate) model: PathBuf,
-    /// Output document format.
-    /// Output document format: json, verbose_json, text, srt or vtt.
+    /// Output document format: json, verbose_json, text, srt, vtt, or rttm (with --diarize).
     #[arg(long, default_value_t = OutputFormat::Json)]
     pub(crate) format: OutputFormat,
+    /// Say who spoke: speaker labels in verbose_json, srt and vtt; needs --diar-model.
+    #[arg(long)]
+    pub(crate) diarize: bool,
+    /// The diarization model: a Streaming Sortformer `.nemo` file.
+    #[arg(long, env = "DIAR_MODEL")]
+    pub(crate) diar_model: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = EngineKind::Native)]
     pub(crate) engine: EngineKind,
     /// Write `<DIR>/<file stem>.<ext>` per input instead of printing to stdout.
@@ -116,20 +129,45 @@ fn onnx_frame_timing(model: &OnnxModel) -> FrameTiming {
 struct Transcribing<'a> {
     engine: Engine,
     timestamper: Timestamper,
+    diarizer: Option<Arc<dyn Diarizer>>,
     args: &'a TranscribeArgs,
 }
 
 impl Transcribing<'_> {
-    fn file(&mut self, path: &Path) -> anyhow::Result<Transcript> {
+    /// The file's transcript, and its speaker turns when diarizing (speakers attributed).
+    fn file(&mut self, path: &Path) -> anyhow::Result<(Transcript, Vec<SpeakerSegment>)> {
         let bytes = std::fs::read(path).context("reading")?;
         let ext = path.extension().and_then(|e| e.to_str());
         let decoded = audio::decode(&bytes, ext, &audio::AudioLimits::default())?;
+        let pcm = decoded.pcm_16k.as_slice();
+        let diarizer = self.diarizer.clone();
+        let (mut transcript, turns) = std::thread::scope(|scope| {
+            let diarization = diarizer.map(|d| scope.spawn(move || d.diarize(pcm)));
+            let transcript = self.transcript(pcm, decoded.duration_secs);
+            let turns = match diarization {
+                Some(handle) => Some(
+                    handle
+                        .join()
+                        .map_err(|_| anyhow!("diarization thread panicked"))?
+                        .context("diarizing")?,
+                ),
+                None => None,
+            };
+            anyhow::Ok((transcript?, turns))
+        })?;
+        let Some(turns) = turns else {
+            return Ok((transcript, Vec::new()));
+        };
+        attribute_speakers(&mut transcript, &turns, &AttributionOptions::default());
+        Ok((transcript, turns))
+    }
+
+    fn transcript(&mut self, pcm_16k: &[f32], duration_secs: f64) -> anyhow::Result<Transcript> {
         let segmenter = audio::SegmenterConfig {
             max_segment_secs: self.args.max_segment_secs,
             ..audio::SegmenterConfig::default()
         };
-        let segments: Vec<audio::Segment<'_>> =
-            audio::segments(&decoded.pcm_16k, &segmenter).collect();
+        let segments: Vec<audio::Segment<'_>> = audio::segments(pcm_16k, &segmenter).collect();
         let rate = f64::from(audio::TARGET_SAMPLE_RATE_HZ);
         let frame_s = self.timestamper.timing().seconds(1);
         let mut pieces = Vec::with_capacity(segments.len());
@@ -157,12 +195,12 @@ impl Transcribing<'_> {
             // One segment from the start: NeMo's transcript untouched (no re-joined text).
             if let Some(only) = pieces.pop() {
                 return Ok(Transcript {
-                    duration_s: decoded.duration_secs,
+                    duration_s: duration_secs,
                     ..only.transcript
                 });
             }
         }
-        Ok(stitch(pieces, decoded.duration_secs))
+        Ok(stitch(pieces, duration_secs))
     }
 }
 
@@ -194,6 +232,17 @@ fn output_paths(
 
 pub(crate) fn run(args: TranscribeArgs) -> anyhow::Result<()> {
     let format = args.format;
+    if format.needs_diarization() && !args.diarize {
+        bail!("--format {format} needs --diarize");
+    }
+    let diarizer = match (args.diarize, &args.diar_model) {
+        (false, _) => None,
+        (true, None) => bail!("--diarize needs --diar-model PATH (or DIAR_MODEL)"),
+        (true, Some(path)) => Some(
+            dispatcher::diarizer::load(path, None)
+                .with_context(|| format!("loading diarization model {}", path.display()))?,
+        ),
+    };
     let out_paths = match &args.out {
         Some(dir) => {
             let paths = output_paths(dir, &args.files, format)?;
@@ -204,12 +253,10 @@ pub(crate) fn run(args: TranscribeArgs) -> anyhow::Result<()> {
     };
     let (engine, timestamper) = Engine::load(args.engine, &args.model)
         .with_context(|| format!("loading model {}", args.model.display()))?;
-    let options = RenderOptions {
-        language: args.language.clone(),
-    };
     let mut job = Transcribing {
         engine,
         timestamper,
+        diarizer,
         args: &args,
     };
 
@@ -217,7 +264,12 @@ pub(crate) fn run(args: TranscribeArgs) -> anyhow::Result<()> {
     let mut failed = 0;
     for (k, file) in args.files.iter().enumerate() {
         let started = std::time::Instant::now();
-        let result = job.file(file).and_then(|transcript| {
+        let result = job.file(file).and_then(|(transcript, speaker_turns)| {
+            let options = RenderOptions {
+                language: args.language.clone(),
+                file_id: file.file_stem().map(|s| s.to_string_lossy().into_owned()),
+                speaker_turns,
+            };
             let doc = render(&transcript, format, &options);
             match &out_paths {
                 Some(paths) => std::fs::write(&paths[k], doc)

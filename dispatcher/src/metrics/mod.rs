@@ -24,16 +24,19 @@ pub enum Stage {
     /// Waiting for a free inference slot.
     QueueWait,
     Inference,
+    /// Speaker diarization (runs alongside inference).
+    Diarization,
     Upload,
     EndToEnd,
 }
 
 impl Stage {
-    pub const ALL: [Stage; 6] = [
+    pub const ALL: [Stage; 7] = [
         Self::Fetch,
         Self::Decode,
         Self::QueueWait,
         Self::Inference,
+        Self::Diarization,
         Self::Upload,
         Self::EndToEnd,
     ];
@@ -44,6 +47,7 @@ impl Stage {
             Self::Decode => "decode",
             Self::QueueWait => "queue_wait",
             Self::Inference => "inference",
+            Self::Diarization => "diarization",
             Self::Upload => "upload",
             Self::EndToEnd => "end_to_end",
         }
