@@ -103,6 +103,11 @@ async fn serve_until_signal(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Resu
     })
     .await?;
     tracing::info!(addr = %bound, "serving /health and /metrics");
+    // On stdout too, so a script that asked for port 0 learns the port.
+    println!(
+        "{}",
+        serde_json::json!({"event": "listening", "addr": bound.to_string()})
+    );
     tokio::select! {
         _ = terminate.recv() => tracing::info!("SIGTERM: stopping the fleet"),
         _ = interrupt.recv() => tracing::info!("SIGINT: stopping the fleet"),
