@@ -42,6 +42,9 @@ impl std::fmt::Debug for FeatureExtractor {
     }
 }
 
+const FILTERBANK: &str = "preprocessor.featurizer.fb";
+const WINDOW: &str = "preprocessor.featurizer.window";
+
 fn invalid(key: &str, problem: String) -> ModelError {
     ModelError::InvalidConfig {
         file: "preprocessor".into(),
@@ -51,6 +54,19 @@ fn invalid(key: &str, problem: String) -> ModelError {
 }
 
 impl FeatureExtractor {
+    /// The extractor a checkpoint describes, with its stored filterbank and window if present.
+    pub fn from_checkpoint(ckpt: &crate::checkpoint::Checkpoint) -> Result<Self, ModelError> {
+        let cfg = &ckpt.config.features;
+        let n_freq = cfg.n_fft / 2 + 1;
+        let filterbank = ckpt
+            .tensors
+            .get_optional(FILTERBANK, &[1, cfg.n_mels, n_freq])?;
+        let window = ckpt
+            .tensors
+            .get_optional(WINDOW, &[cfg.win_length_samples])?;
+        Self::new(cfg, filterbank, window)
+    }
+
     /// `filterbank` (`preprocessor.featurizer.fb`, `[1, n_mels, n_fft/2+1]`) and `window`
     /// (`preprocessor.featurizer.window`, `[win_length]`) are used when given; otherwise a
     /// slaney mel filterbank and a symmetric Hann window are computed.

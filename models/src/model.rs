@@ -12,9 +12,6 @@ use crate::prediction::{CpuTransducer, Joint, PredictionNet};
 use crate::tdt::{greedy_decode, EncodedUtterance};
 use crate::transcript::Hypothesis;
 
-const FILTERBANK: &str = "preprocessor.featurizer.fb";
-const WINDOW: &str = "preprocessor.featurizer.window";
-
 /// Parakeet TDT on the CPU in f32. Immutable after loading, so one instance can serve many
 /// threads (`Send + Sync`).
 #[derive(Debug)]
@@ -38,13 +35,10 @@ impl ParakeetModel {
     pub fn from_checkpoint(ckpt: &Checkpoint) -> Result<Self, ModelError> {
         let cfg = &ckpt.config;
         let tensors = &ckpt.tensors;
-        let n_freq = cfg.features.n_fft / 2 + 1;
-        let filterbank = tensors.get_optional(FILTERBANK, &[1, cfg.features.n_mels, n_freq])?;
-        let window = tensors.get_optional(WINDOW, &[cfg.features.win_length_samples])?;
         Ok(Self {
             config: cfg.clone(),
             vocabulary: ckpt.vocabulary.clone(),
-            features: FeatureExtractor::new(&cfg.features, filterbank, window)?,
+            features: FeatureExtractor::from_checkpoint(ckpt)?,
             encoder: Encoder::load(tensors, &cfg.encoder)?,
             prediction: PredictionNet::load(tensors, &cfg.decoder)?,
             joint: Joint::load(tensors, &cfg.encoder, &cfg.decoder)?,

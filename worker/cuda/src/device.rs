@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::cudaError_enum;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, DriverError, LaunchArgs,
-    LaunchConfig, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError,
+    LaunchArgs, LaunchConfig, ValidAsZeroBits,
 };
 use cudarc::nvrtc::{CompileError, CompileOptions};
 
@@ -80,6 +80,10 @@ impl CudaEngine {
     pub fn new(ordinal: usize) -> Result<Self> {
         check_cuda_libraries()?;
         let ctx = CudaContext::new(ordinal).map_err(|source| no_device_or(source, ordinal))?;
+        // SAFETY: every buffer of this engine is used on its one stream only (kernels, copies and
+        // captured graphs are all ordered there), so cudarc's cross-stream events are not needed;
+        // they would also be recorded into graph captures.
+        unsafe { ctx.disable_event_tracking() };
         let stream = ctx
             .new_stream()
             .context(|| format!("creating a stream on GPU {ordinal}"))?;
@@ -95,6 +99,17 @@ impl CudaEngine {
             functions,
             blas,
         })
+    }
+
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// (free, total) device memory in bytes, as the driver reports it for the whole device.
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.ctx
+            .mem_get_info()
+            .context(|| "reading device memory usage".into())
     }
 
     /// The stream every operation of this engine runs on.
@@ -126,8 +141,21 @@ impl CudaEngine {
             .context(|| format!("uploading {} elements", host.len()))
     }
 
-    /// Copies a device buffer back to the host (waits for the stream).
-    pub fn download<T: DeviceRepr>(&self, device: &CudaSlice<T>) -> Result<Vec<T>> {
+    /// Copies `host` into the start of an existing device buffer (ordered on the stream).
+    pub fn upload_into<T: DeviceRepr>(&self, host: &[T], device: &mut CudaSlice<T>) -> Result<()> {
+        if device.len() < host.len() {
+            return Err(CudaEngineError::Shape {
+                op: "upload_into",
+                detail: format!("{} elements into a buffer of {}", host.len(), device.len()),
+            });
+        }
+        self.stream
+            .memcpy_htod(host, device)
+            .context(|| format!("uploading {} elements", host.len()))
+    }
+
+    /// Copies a device buffer (or a view of one) back to the host (waits for the stream).
+    pub fn download<T: DeviceRepr, S: DevicePtr<T>>(&self, device: &S) -> Result<Vec<T>> {
         self.stream
             .clone_dtoh(device)
             .context(|| format!("downloading {} elements", device.len()))

@@ -50,8 +50,42 @@ pub enum CudaEngineError {
     Shape { op: &'static str, detail: String },
 
     /// The checkpoint's tensors or config do not fit the encoder (names the file and tensor).
-    #[error("loading encoder weights: {0}")]
+    #[error("loading weights: {0}")]
     Model(#[from] models::ModelError),
+
+    /// The GPU decoder broke one of its own invariants (a bug, never input-driven).
+    #[error("TDT decoder on the GPU: {0}")]
+    Decoder(String),
+}
+
+impl CudaEngineError {
+    /// A fault that poisons the CUDA context for good (an illegal address, a trap, a lost
+    /// device, a fatal MPS client fault): the process must exit and its GPU group restart.
+    pub fn is_sticky(&self) -> bool {
+        use cudarc::driver::sys::cudaError_enum as E;
+        let source = match self {
+            Self::Driver { source, .. } | Self::Launch { source, .. } => source,
+            _ => return false,
+        };
+        matches!(
+            source.0,
+            E::CUDA_ERROR_ILLEGAL_ADDRESS
+                | E::CUDA_ERROR_LAUNCH_FAILED
+                | E::CUDA_ERROR_ILLEGAL_INSTRUCTION
+                | E::CUDA_ERROR_MISALIGNED_ADDRESS
+                | E::CUDA_ERROR_INVALID_ADDRESS_SPACE
+                | E::CUDA_ERROR_INVALID_PC
+                | E::CUDA_ERROR_HARDWARE_STACK_ERROR
+                | E::CUDA_ERROR_ASSERT
+                | E::CUDA_ERROR_ECC_UNCORRECTABLE
+                | E::CUDA_ERROR_CONTEXT_IS_DESTROYED
+                | E::CUDA_ERROR_DEVICE_UNAVAILABLE
+                | E::CUDA_ERROR_MPS_CLIENT_TERMINATED
+                | E::CUDA_ERROR_MPS_SERVER_NOT_READY
+                | E::CUDA_ERROR_MPS_CONNECTION_FAILED
+                | E::CUDA_ERROR_UNKNOWN
+        )
+    }
 }
 
 pub type Result<T, E = CudaEngineError> = std::result::Result<T, E>;

@@ -15,10 +15,11 @@ pub(crate) enum KernelModule {
     Subsampling,
     ResidualNorm,
     Attention,
+    Decoder,
 }
 
 impl KernelModule {
-    pub(crate) const ALL: [KernelModule; 8] = [
+    pub(crate) const ALL: [KernelModule; 9] = [
         KernelModule::Convert,
         KernelModule::Activation,
         KernelModule::LayerNorm,
@@ -27,6 +28,7 @@ impl KernelModule {
         KernelModule::Subsampling,
         KernelModule::ResidualNorm,
         KernelModule::Attention,
+        KernelModule::Decoder,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -39,6 +41,7 @@ impl KernelModule {
             KernelModule::Subsampling => "subsampling",
             KernelModule::ResidualNorm => "residual_norm",
             KernelModule::Attention => "attention",
+            KernelModule::Decoder => "decoder",
         }
     }
 
@@ -52,6 +55,7 @@ impl KernelModule {
             KernelModule::Subsampling => include_str!("../kernels/subsampling.cu"),
             KernelModule::ResidualNorm => include_str!("../kernels/residual_norm.cu"),
             KernelModule::Attention => include_str!("../kernels/attention.cu"),
+            KernelModule::Decoder => include_str!("../kernels/decoder.cu"),
         }
     }
 
@@ -83,10 +87,15 @@ pub(crate) enum Kernel {
     RelPosSoftmax,
     LocalRelPosSoftmax,
     MergeHeads,
+    TdtReset,
+    TdtLstmStep,
+    TdtPredProject,
+    TdtJoint,
+    TdtAdvance,
 }
 
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 19] = [
+    pub(crate) const ALL: [Kernel; 24] = [
         Kernel::F32ToBf16,
         Kernel::Bf16ToF32,
         Kernel::Silu,
@@ -106,6 +115,11 @@ impl Kernel {
         Kernel::RelPosSoftmax,
         Kernel::LocalRelPosSoftmax,
         Kernel::MergeHeads,
+        Kernel::TdtReset,
+        Kernel::TdtLstmStep,
+        Kernel::TdtPredProject,
+        Kernel::TdtJoint,
+        Kernel::TdtAdvance,
     ];
 
     /// The symbol in the compiled module.
@@ -130,6 +144,11 @@ impl Kernel {
             Kernel::RelPosSoftmax => "rel_pos_softmax",
             Kernel::LocalRelPosSoftmax => "local_rel_pos_softmax",
             Kernel::MergeHeads => "merge_heads",
+            Kernel::TdtReset => "tdt_reset",
+            Kernel::TdtLstmStep => "tdt_lstm_step",
+            Kernel::TdtPredProject => "tdt_pred_project",
+            Kernel::TdtJoint => "tdt_joint",
+            Kernel::TdtAdvance => "tdt_advance",
         }
     }
 
@@ -151,6 +170,11 @@ impl Kernel {
             | Kernel::RelPosSoftmax
             | Kernel::LocalRelPosSoftmax
             | Kernel::MergeHeads => KernelModule::Attention,
+            Kernel::TdtReset
+            | Kernel::TdtLstmStep
+            | Kernel::TdtPredProject
+            | Kernel::TdtJoint
+            | Kernel::TdtAdvance => KernelModule::Decoder,
         }
     }
 }

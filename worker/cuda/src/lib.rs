@@ -10,6 +10,7 @@
 // function here states its safety argument.
 #![allow(unsafe_code)]
 
+mod decoder;
 mod device;
 mod encoder;
 mod error;
@@ -17,15 +18,20 @@ mod fold;
 mod kernels;
 mod matmul;
 mod ops;
+mod parakeet;
+mod probe;
 
 pub use cudarc::driver::CudaSlice;
+pub use decoder::{DecoderEnvelope, GpuDecoder, STEPS_PER_LAUNCH};
 pub use device::{check_cuda_libraries, CudaEngine};
 pub use encoder::{EncoderInput, EncoderOutput, GpuEncoder, StageTimes};
 pub use error::{CudaEngineError, Result};
 pub use fold::{fold_batch_norm, BatchNorm, FoldedDepthwise};
 pub use half::bf16;
-pub use matmul::{BLayout, MatmulOutput, MatmulSpec};
+pub use matmul::{BLayout, MatmulInput, MatmulOutput, MatmulSpec};
 pub use ops::{
     stride2_out_len, AttentionShape, Conv2dShape, DepthwiseShape, HeadShape, LayerNormWeights,
     QkvHeads, Residual, ResidualF32, RowShape,
 };
+pub use parakeet::GpuParakeet;
+pub use probe::DeviceProbe;

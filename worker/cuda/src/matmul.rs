@@ -74,6 +74,21 @@ mod sealed {
     impl Sealed for f32 {}
 }
 
+/// Element types a matmul can read: bf16 (the encoder), or f32 for products that must stay in
+/// full precision (the compute type is fp32 either way; TF32 is never enabled).
+pub trait MatmulInput: DeviceRepr + sealed::Sealed {
+    #[doc(hidden)]
+    const DATA_TYPE: sys::cudaDataType;
+}
+
+impl MatmulInput for bf16 {
+    const DATA_TYPE: sys::cudaDataType = sys::cudaDataType_t::CUDA_R_16BF;
+}
+
+impl MatmulInput for f32 {
+    const DATA_TYPE: sys::cudaDataType = sys::cudaDataType_t::CUDA_R_32F;
+}
+
 /// Element types a matmul can write. The bias has the output's type: cuBLASLt 13.0 refused an
 /// f32 bias with bf16 output (CUBLAS_STATUS_INVALID_VALUE from the heuristic, measured on H200).
 pub trait MatmulOutput: DeviceRepr + sealed::Sealed {
@@ -132,18 +147,18 @@ impl Drop for Blas {
 }
 
 impl CudaEngine {
-    /// `out = alpha * a . op(b) (+ bias)` with bf16 operands and fp32 accumulation.
+    /// `out = alpha * a . op(b) (+ bias)` with bf16 (or f32) operands and fp32 accumulation.
     ///
     /// Numerics measured on H200 / cuBLASLt 13.0 (docs/cuda-engine.md): without bias the result
     /// is the fp32 product rounded once; with a bf16 bias some kernels round `a . b` to bf16
     /// before adding the bias (one extra rounding of the product's magnitude).
     ///
     /// Buffers may be longer than the spec needs; only the leading elements are used.
-    pub fn matmul<O: MatmulOutput>(
+    pub fn matmul<I: MatmulInput, O: MatmulOutput>(
         &self,
         spec: &MatmulSpec,
-        a: &CudaSlice<bf16>,
-        b: &CudaSlice<bf16>,
+        a: &CudaSlice<I>,
+        b: &CudaSlice<I>,
         bias: Option<&CudaSlice<O>>,
         out: &mut CudaSlice<O>,
     ) -> Result<()> {
@@ -170,9 +185,9 @@ impl CudaEngine {
             BLayout::KByN => (n, k, n as i64, cublasOperation_t::CUBLAS_OP_N),
         };
         let b_stride = if spec.b_shared { 0 } else { (n * k) as i64 };
-        let layout_a = Layout::new(sys::cudaDataType_t::CUDA_R_16BF, a_rows, a_cols, lda)
+        let layout_a = Layout::new(I::DATA_TYPE, a_rows, a_cols, lda)
             .map_err(fail("cublasLtMatrixLayoutCreate"))?;
-        let layout_b = Layout::new(sys::cudaDataType_t::CUDA_R_16BF, k, m, k as i64)
+        let layout_b = Layout::new(I::DATA_TYPE, k, m, k as i64)
             .map_err(fail("cublasLtMatrixLayoutCreate"))?;
         let layout_d = Layout::new(O::DATA_TYPE, n, m, n as i64)
             .map_err(fail("cublasLtMatrixLayoutCreate"))?;

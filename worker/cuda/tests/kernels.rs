@@ -715,7 +715,7 @@ fn short_buffers_are_rejected_before_launch() {
     assert!(matches!(err, Err(CudaEngineError::Shape { .. })), "{err:?}");
     let spec = MatmulSpec::linear(2, 5, 3);
     let mut out = engine.zeros::<f32>(6).expect("alloc");
-    let err = engine.matmul::<f32>(&spec, &x, &y, None, &mut out);
+    let err = engine.matmul::<bf16, f32>(&spec, &x, &y, None, &mut out);
     assert!(
         matches!(err, Err(CudaEngineError::Shape { op: "matmul", .. })),
         "{err:?}"

@@ -1,0 +1,91 @@
+//! [`GpuParakeet`]: the whole transcription model on one GPU: features on the host, the bf16
+//! encoder and the label-looping decoder on the device.
+
+use std::path::Path;
+
+use models::checkpoint::Checkpoint;
+use models::config::ParakeetConfig;
+use models::transcript::Hypothesis;
+use models::FeatureExtractor;
+
+use crate::decoder::{DecoderEnvelope, GpuDecoder};
+use crate::device::CudaEngine;
+use crate::encoder::GpuEncoder;
+use crate::error::Result;
+
+pub struct GpuParakeet {
+    engine: CudaEngine,
+    config: ParakeetConfig,
+    vocabulary: Vec<String>,
+    features: FeatureExtractor,
+    encoder: GpuEncoder,
+    decoder: GpuDecoder,
+}
+
+impl GpuParakeet {
+    /// Loads a `.nemo` onto GPU `ordinal` (weights converted once).
+    pub fn load(path: &Path, ordinal: usize) -> Result<Self> {
+        let engine = CudaEngine::new(ordinal)?;
+        let ckpt = Checkpoint::load(path)?;
+        Self::from_checkpoint(engine, &ckpt)
+    }
+
+    pub fn from_checkpoint(engine: CudaEngine, ckpt: &Checkpoint) -> Result<Self> {
+        Ok(Self {
+            features: FeatureExtractor::from_checkpoint(ckpt)?,
+            encoder: GpuEncoder::from_checkpoint(&engine, ckpt)?,
+            decoder: GpuDecoder::from_checkpoint(&engine, ckpt)?,
+            config: ckpt.config.clone(),
+            vocabulary: ckpt.vocabulary.clone(),
+            engine,
+        })
+    }
+
+    pub fn engine(&self) -> &CudaEngine {
+        &self.engine
+    }
+
+    pub fn config(&self) -> &ParakeetConfig {
+        &self.config
+    }
+
+    pub fn vocabulary(&self) -> &[String] {
+        &self.vocabulary
+    }
+
+    /// Sizes the decoder for batches of up to `max_batch` clips of up to `max_seconds` each,
+    /// captures its graph, and runs one full-size batch through everything (kernels loaded,
+    /// cuBLASLt heuristics cached, encoder workspace sized). Call once, before serving.
+    pub fn warm_up(&self, max_batch: usize, max_seconds: f64) -> Result<()> {
+        let rate = self.config.features.sample_rate_hz as f32;
+        let samples = (max_seconds * f64::from(rate)).ceil() as usize;
+        let clip: Vec<f32> = (0..samples)
+            .map(|i| 0.05 * (i as f32 * 440.0 * std::f32::consts::TAU / rate).sin())
+            .collect();
+        let features = self.features.compute(&clip);
+        let batch: Vec<_> = (0..max_batch.max(1)).map(|_| &features).collect();
+        let input = self.encoder.prepare(&self.engine, &batch)?;
+        let encoded = self.encoder.run(&self.engine, &input)?;
+        let envelope = DecoderEnvelope {
+            max_batch: batch.len(),
+            max_frames: encoded.time,
+        };
+        self.decoder.warm_up(&self.engine, envelope)?;
+        self.decoder.decode(&self.engine, &encoded)?;
+        Ok(())
+    }
+
+    /// One hypothesis per clip (16 kHz mono), each equal to the clip's own result.
+    pub fn transcribe_batch(&self, pcm: &[&[f32]]) -> Result<Vec<Hypothesis>> {
+        let features: Vec<_> = pcm.iter().map(|clip| self.features.compute(clip)).collect();
+        let refs: Vec<_> = features.iter().collect();
+        let input = self.encoder.prepare(&self.engine, &refs)?;
+        let encoded = self.encoder.run(&self.engine, &input)?;
+        self.decoder.decode(&self.engine, &encoded)
+    }
+
+    /// Device bytes of the decoder's warm workspace.
+    pub fn decoder_workspace_bytes(&self) -> usize {
+        self.decoder.workspace_bytes()
+    }
+}

@@ -1,0 +1,135 @@
+//! Time per label-looping step of the GPU decoder at Parakeet TDT 0.6B v2's decoder size
+//! (2-layer LSTM 640, joint 640, 1024 tokens + blank, durations 0-4), random weights built in
+//! memory, random encoder output. Random weights make almost every joint evaluation emit a
+//! label, so nearly every step runs the prediction network and the joint for every row: the
+//! most expensive kind of step.
+//!
+//! Ignored by default; run on a GPU with `REQUIRE_CUDA=1 ./decoder_bench --ignored --nocapture`.
+//! Each figure is the median over repeated decodes of the whole batch (graph replays, host
+//! checks of the rows' progress, token download included) divided by the steps launched.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Result;
+use common::{engine, Rng};
+use cuda_engine::{DecoderEnvelope, EncoderOutput, GpuDecoder};
+use models::checkpoint::{Checkpoint, TensorMap};
+use models::tensor::Tensor;
+
+const D_MODEL: usize = 1024;
+const HIDDEN: usize = 640;
+const JOINT: usize = 640;
+const VOCAB: usize = 1024;
+const DURATIONS: [usize; 5] = [0, 1, 2, 3, 4];
+/// Encoder frames of a 30 s clip (80 ms per frame).
+const FRAMES: usize = 375;
+
+fn fixture_model() -> PathBuf {
+    let dir = std::env::var("FIXTURES_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tests/fixtures");
+            if built.is_dir() {
+                built
+            } else {
+                PathBuf::from("models/tests/fixtures")
+            }
+        });
+    dir.join("tdt-real-options/model.nemo")
+}
+
+/// The fixture's config with the decoder resized to the real model's, and random weights.
+fn checkpoint(rng: &mut Rng) -> Result<Checkpoint> {
+    let mut config = Checkpoint::load(&fixture_model())?.config;
+    config.decoder.vocab_size = VOCAB;
+    config.decoder.pred_hidden = HIDDEN;
+    config.decoder.pred_rnn_layers = 2;
+    config.decoder.joint_hidden = JOINT;
+    config.decoder.durations = DURATIONS.to_vec();
+    config.encoder.d_model = D_MODEL;
+
+    let mut map = BTreeMap::new();
+    let mut add = |name: &str, shape: &[usize], fan_in: usize| {
+        let n = shape.iter().product();
+        let std = 1.0 / (fan_in as f64).sqrt();
+        map.insert(
+            name.to_owned(),
+            Tensor::new(shape.to_vec(), rng.f32_vec(n, 0.0, std)),
+        );
+    };
+    add("decoder.prediction.embed.weight", &[VOCAB + 1, HIDDEN], 1);
+    for l in 0..2 {
+        let lstm = "decoder.prediction.dec_rnn.lstm";
+        for kind in ["ih", "hh"] {
+            add(
+                &format!("{lstm}.weight_{kind}_l{l}"),
+                &[4 * HIDDEN, HIDDEN],
+                HIDDEN,
+            );
+            add(&format!("{lstm}.bias_{kind}_l{l}"), &[4 * HIDDEN], HIDDEN);
+        }
+    }
+    add("joint.pred.weight", &[JOINT, HIDDEN], HIDDEN);
+    add("joint.pred.bias", &[JOINT], HIDDEN);
+    add("joint.enc.weight", &[JOINT, D_MODEL], D_MODEL);
+    add("joint.enc.bias", &[JOINT], D_MODEL);
+    let n_out = VOCAB + 1 + DURATIONS.len();
+    add("joint.joint_net.2.weight", &[n_out, JOINT], JOINT);
+    add("joint.joint_net.2.bias", &[n_out], JOINT);
+    Ok(Checkpoint {
+        config,
+        tensors: TensorMap::new(PathBuf::from("random decoder weights"), map),
+        vocabulary: Vec::new(),
+    })
+}
+
+#[test]
+#[ignore = "benchmark: run explicitly on a GPU"]
+fn decoder_step_time_full_size_random_weights() -> Result<()> {
+    let Some(engine) = engine("decoder_bench") else {
+        return Ok(());
+    };
+    let mut rng = Rng::fresh("decoder_bench");
+    let ckpt = checkpoint(&mut rng)?;
+    let decoder = GpuDecoder::from_checkpoint(&engine, &ckpt)?;
+    decoder.warm_up(
+        &engine,
+        DecoderEnvelope {
+            max_batch: 16,
+            max_frames: FRAMES,
+        },
+    )?;
+    for batch in [1usize, 4, 16] {
+        let host: Vec<f32> = (0..batch * FRAMES * D_MODEL)
+            .map(|_| (rng.uniform() * 2.0 - 1.0) as f32)
+            .collect();
+        let enc = EncoderOutput {
+            x: engine.upload(&host)?,
+            batch,
+            time: FRAMES,
+            d_model: D_MODEL,
+            frames: vec![FRAMES; batch],
+        };
+        let (hyps, _) = decoder.decode_counting_steps(&engine, &enc)?;
+        let mut per_step = Vec::new();
+        let mut steps = 0;
+        for _ in 0..7 {
+            let started = Instant::now();
+            let (_, launched) = decoder.decode_counting_steps(&engine, &enc)?;
+            per_step.push(started.elapsed().as_secs_f64() / launched as f64);
+            steps = launched;
+        }
+        per_step.sort_by(f64::total_cmp);
+        let tokens: usize = hyps.iter().map(|h| h.tokens.len()).sum();
+        eprintln!(
+            "RESULT decoder step batch={batch} frames={FRAMES}: {:.2} us/step median \
+             ({steps} steps launched, {tokens} tokens emitted in the batch)",
+            per_step[per_step.len() / 2] * 1e6
+        );
+    }
+    Ok(())
+}
