@@ -12,6 +12,7 @@ pub mod model;
 pub mod onnx;
 pub mod prediction;
 pub mod render;
+pub mod sortformer;
 pub mod speakers;
 pub mod tdt;
 pub mod tensor;

@@ -86,6 +86,41 @@ impl TensorMap {
     }
 }
 
+/// The raw parts of a `.nemo` that is not a Parakeet TDT model (Sortformer): its config text
+/// (with the name errors use for it) and its weights.
+#[derive(Debug, Clone)]
+pub(crate) struct RawNemo {
+    pub(crate) config_path: PathBuf,
+    pub(crate) config_yaml: String,
+    pub(crate) tensors: TensorMap,
+}
+
+/// Reads `model_config.yaml` and `model_weights.ckpt` of any `.nemo` without interpreting them.
+pub(crate) fn read_raw_nemo(path: &Path) -> Result<RawNemo, ModelError> {
+    let archive = nemo::NemoArchive::open(path)?;
+    let config_path = nemo::member_path(path, "model_config.yaml");
+    let yaml = archive.read_small("model_config.yaml")?;
+    let config_yaml = String::from_utf8(yaml).map_err(|e| ModelError::InvalidConfig {
+        file: config_path.clone(),
+        key: "<document>".to_string(),
+        problem: format!("not UTF-8: {e}"),
+    })?;
+    let weights_path = nemo::member_path(path, "model_weights.ckpt");
+    let weights_len = archive.member_len("model_weights.ckpt")?;
+    let tensors = torch::read_state_dict(
+        archive.reader("model_weights.ckpt")?,
+        weights_len,
+        &weights_path,
+    )?;
+    Ok(RawNemo {
+        config_path,
+        config_yaml,
+        tensors: TensorMap::new(weights_path, tensors),
+    })
+}
+
+pub(crate) use yaml_config::parse_frontend;
+
 /// A loaded Parakeet TDT checkpoint.
 #[derive(Debug, Clone)]
 pub struct Checkpoint {

@@ -273,6 +273,27 @@ pub(crate) fn parse(text: &str, file: &Path) -> Result<ConfigFile, ModelError> {
     })
 }
 
+/// The preprocessor and encoder sections only (models with another head, e.g. Sortformer),
+/// plus `nemo_version`.
+pub(crate) fn parse_frontend(
+    text: &str,
+    file: &Path,
+) -> Result<(FeatureConfig, EncoderConfig, Option<String>), ModelError> {
+    let root: Value = serde_yaml::from_str(text).map_err(|e| ModelError::InvalidConfig {
+        file: file.to_path_buf(),
+        key: "<document>".to_string(),
+        problem: format!("not valid YAML: {e}"),
+    })?;
+    let y = Yaml { root: &root, file };
+    let nemo_version = y.get("nemo_version").map(|v| match v {
+        Value::String(s) => s.clone(),
+        other => show(other),
+    });
+    let features = features(&y, stft_padding_for_version(nemo_version.as_deref()))?;
+    let encoder = encoder(&y, features.n_mels)?;
+    Ok((features, encoder, nemo_version))
+}
+
 fn features(y: &Yaml<'_>, stft_padding: StftPadding) -> Result<FeatureConfig, ModelError> {
     y.target("preprocessor", "AudioToMelSpectrogramPreprocessor")?;
     let p = |k: &str| format!("preprocessor.{k}");

@@ -70,9 +70,31 @@ impl Encoder {
                 data: Vec::new(),
             });
         }
-        let (mut x, t) =
-            self.pre_encode
-                .forward(&features.data, features.n_mels, features.n_frames);
+        let (x, t) = self.pre_encode_frames(features);
+        let x = self.forward_pre_encoded(x, t);
+        Ok(EncodedUtterance {
+            frames: t,
+            dim: d,
+            data: x,
+        })
+    }
+
+    pub(crate) fn d_model(&self) -> usize {
+        self.cfg.d_model
+    }
+
+    /// Subsampling only (NeMo `encoder.pre_encode`): `features` `[n_mels, T]`, already checked
+    /// against `feat_in`, to `([T', d_model], T')`. Streaming Sortformer caches these embeddings.
+    pub(crate) fn pre_encode_frames(&self, features: &Features) -> (Vec<f32>, usize) {
+        self.pre_encode
+            .forward(&features.data, features.n_mels, features.n_frames)
+    }
+
+    /// Everything after subsampling (NeMo `bypass_pre_encode=True`): x-scaling, positions and
+    /// the conformer layers on `[t, d_model]` pre-encoded embeddings.
+    pub(crate) fn forward_pre_encoded(&self, mut x: Vec<f32>, t: usize) -> Vec<f32> {
+        let d = self.cfg.d_model;
+        debug_assert_eq!(x.len(), t * d, "pre-encoded shape (bug)");
         if self.cfg.xscaling {
             let scale = (d as f64).sqrt() as f32;
             for v in x.iter_mut() {
@@ -90,10 +112,6 @@ impl Encoder {
         for layer in &self.layers {
             layer.forward(&mut x, t, pos_emb);
         }
-        Ok(EncodedUtterance {
-            frames: t,
-            dim: d,
-            data: x,
-        })
+        x
     }
 }

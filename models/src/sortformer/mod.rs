@@ -1,0 +1,332 @@
+//! Streaming Sortformer speaker diarization on the CPU (NVIDIA Streaming Sortformer 4spk v2 and
+//! any model of its family, every size read from the checkpoint config).
+//!
+//! Pipeline per chunk of `chunk_len` 80 ms frames: log-mel features of the chunk plus its
+//! left/right context → FastConformer subsampling (pre-encode) → `[spkcache; fifo; chunk]` →
+//! conformer layers → `encoder_proj` → post-LN transformer → sigmoid speaker head; the chunk's
+//! own rows are its speaker probabilities, and the chunk's pre-encoded frames update the
+//! streaming state ([`StreamingState`]). Memory stays bounded by the chunk, FIFO and cache sizes
+//! whatever the recording's length: features are computed per chunk, not for the whole file.
+
+mod config;
+mod postprocess;
+mod streaming;
+mod torch_order;
+mod transformer;
+
+use std::path::Path;
+
+pub use config::{SortformerConfig, StreamingParams, TransformerConfig};
+pub use postprocess::PostProcessing;
+pub use streaming::StreamingState;
+
+use crate::checkpoint::TensorMap;
+use crate::config::FeatureNormalization;
+use crate::encoder::Encoder;
+use crate::error::ModelError;
+use crate::features::{FeatureExtractor, Features};
+use crate::speakers::SpeakerSegment;
+use transformer::SpeakerHead;
+
+/// A loaded Sortformer `.nemo`: resolved config and named tensors.
+#[derive(Debug, Clone)]
+pub struct SortformerCheckpoint {
+    pub config: SortformerConfig,
+    pub tensors: TensorMap,
+}
+
+impl SortformerCheckpoint {
+    /// Reads the config (fails fast on anything unsupported), then the weights.
+    pub fn load(path: &Path) -> Result<Self, ModelError> {
+        let raw = crate::checkpoint::read_raw_nemo(path)?;
+        let config = config::parse(&raw.config_yaml, &raw.config_path)?;
+        Ok(Self {
+            config,
+            tensors: raw.tensors,
+        })
+    }
+}
+
+/// One streaming step's input span, in feature frames (10 ms) of the whole recording.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkSpan {
+    /// Feature frames `[first, last)` given to the model, context included.
+    pub first_frame: usize,
+    pub last_frame: usize,
+    /// Left / right context in diarization frames (NeMo's `lc` / `rc`).
+    pub left_context: usize,
+    pub right_context: usize,
+}
+
+/// What a streaming step produced: the chunk's probabilities and the state after the update.
+#[derive(Debug)]
+pub struct StepOutput<'a> {
+    pub index: usize,
+    pub span: ChunkSpan,
+    /// `[chunk_frames, num_speakers]`.
+    pub chunk_probs: &'a [f32],
+    pub state: &'a StreamingState,
+}
+
+#[derive(Debug)]
+pub struct SortformerModel {
+    config: SortformerConfig,
+    features: FeatureExtractor,
+    encoder: Encoder,
+    head: SpeakerHead,
+    post_processing: PostProcessing,
+}
+
+impl SortformerModel {
+    /// Loads a Sortformer `.nemo` file.
+    pub fn load(path: &Path) -> Result<Self, ModelError> {
+        Self::from_checkpoint(&SortformerCheckpoint::load(path)?)
+    }
+
+    pub fn from_checkpoint(ckpt: &SortformerCheckpoint) -> Result<Self, ModelError> {
+        let mut config = ckpt.config.clone();
+        let tensors = &ckpt.tensors;
+        if config.features.normalization != FeatureNormalization::None {
+            tracing::warn!(
+                source = %tensors.source.display(),
+                "Sortformer checkpoint with per-feature normalisation; NeMo's streaming path \
+                 normalises each chunk separately, which this engine does not reproduce"
+            );
+        }
+        // Bias presence is what the weights say (as for Parakeet).
+        if config.encoder.n_layers > 0 {
+            config.encoder.use_bias =
+                tensors.contains("encoder.layers.0.feed_forward1.linear1.bias");
+        }
+        check_no_extra_layers(
+            tensors,
+            "encoder.layers.",
+            config.encoder.n_layers,
+            "encoder.n_layers",
+        )?;
+        let f = &config.features;
+        let fb = tensors.get_optional(
+            "preprocessor.featurizer.fb",
+            &[1, f.n_mels, f.n_fft / 2 + 1],
+        )?;
+        let window =
+            tensors.get_optional("preprocessor.featurizer.window", &[f.win_length_samples])?;
+        let features = FeatureExtractor::new(f, fb, window)?;
+        let encoder = Encoder::load(tensors, &config.encoder)?;
+        let head = SpeakerHead::load(tensors, &config)?;
+        Ok(Self {
+            config,
+            features,
+            encoder,
+            head,
+            post_processing: PostProcessing::default(),
+        })
+    }
+
+    pub fn config(&self) -> &SortformerConfig {
+        &self.config
+    }
+
+    pub fn num_speakers(&self) -> usize {
+        self.config.num_speakers
+    }
+
+    pub fn streaming_params(&self) -> &StreamingParams {
+        &self.config.streaming
+    }
+
+    /// Replaces the checkpoint's streaming settings (e.g. a latency preset).
+    pub fn set_streaming_params(&mut self, params: StreamingParams) -> Result<(), ModelError> {
+        params
+            .check(self.config.num_speakers)
+            .map_err(|(key, problem)| ModelError::InvalidConfig {
+                file: "streaming parameters".into(),
+                key: key.to_string(),
+                problem,
+            })?;
+        self.config.streaming = params;
+        Ok(())
+    }
+
+    pub fn post_processing(&self) -> &PostProcessing {
+        &self.post_processing
+    }
+
+    pub fn set_post_processing(&mut self, params: PostProcessing) {
+        self.post_processing = params;
+    }
+
+    /// Streaming diarization of a whole 16 kHz mono recording in bounded memory,
+    /// post-processed with [`Self::post_processing`]; segments sorted by start, then speaker.
+    pub fn diarize(&self, pcm_16k: &[f32]) -> Result<Vec<SpeakerSegment>, ModelError> {
+        let probs = self.probabilities(pcm_16k)?;
+        Ok(self.segments(&probs))
+    }
+
+    /// Post-processes `[frames, num_speakers]` probabilities into segments.
+    pub fn segments(&self, probs: &[f32]) -> Vec<SpeakerSegment> {
+        let f = &self.config.features;
+        self.post_processing.segments(
+            probs,
+            self.config.num_speakers,
+            f.hop_length_samples as f64 / f.sample_rate_hz as f64,
+            self.config.encoder.subsampling_factor,
+        )
+    }
+
+    /// Streaming speaker probabilities of the whole recording, `[frames, num_speakers]`.
+    pub fn probabilities(&self, pcm_16k: &[f32]) -> Result<Vec<f32>, ModelError> {
+        self.probabilities_with(pcm_16k, |_| {})
+    }
+
+    /// Like [`Self::probabilities`], calling `on_step` after every chunk (tests, progress).
+    pub fn probabilities_with(
+        &self,
+        pcm_16k: &[f32],
+        mut on_step: impl FnMut(&StepOutput<'_>),
+    ) -> Result<Vec<f32>, ModelError> {
+        let normalized;
+        let pcm = if self.config.streaming_mode {
+            pcm_16k
+        } else {
+            // NeMo's offline path divides by (max + eps) (the signed maximum, not |x|).
+            let max = pcm_16k.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let gain = 1.0 / (max + self.config.peak_normalization_eps);
+            normalized = pcm_16k.iter().map(|v| v * gain).collect::<Vec<_>>();
+            &normalized
+        };
+        let total_frames = self.features.valid_frames(pcm.len());
+        let mut state = StreamingState::new(self.encoder.d_model(), self.config.num_speakers);
+        let mut probs = Vec::new();
+        for (index, span) in self.chunk_spans(total_frames).into_iter().enumerate() {
+            let features = self.feature_frames(pcm, span.first_frame, span.last_frame);
+            let chunk_probs =
+                self.step(&mut state, &features, span.left_context, span.right_context)?;
+            on_step(&StepOutput {
+                index,
+                span,
+                chunk_probs: &chunk_probs,
+                state: &state,
+            });
+            probs.extend_from_slice(&chunk_probs);
+        }
+        Ok(probs)
+    }
+
+    /// NeMo's `streaming_feat_loader`: chunks of `chunk_len` diarization frames, each with up to
+    /// `chunk_left_context` / `chunk_right_context` frames of context that exist.
+    pub fn chunk_spans(&self, total_feature_frames: usize) -> Vec<ChunkSpan> {
+        let s = &self.config.streaming;
+        let factor = self.config.encoder.subsampling_factor;
+        let mut spans = Vec::new();
+        let (mut start, mut end) = (0, 0);
+        while end < total_feature_frames {
+            let left = (s.chunk_left_context_frames * factor).min(start);
+            end = (start + s.chunk_len_frames * factor).min(total_feature_frames);
+            let right = (s.chunk_right_context_frames * factor).min(total_feature_frames - end);
+            spans.push(ChunkSpan {
+                first_frame: start - left,
+                last_frame: end + right,
+                left_context: left / factor,
+                right_context: right.div_ceil(factor),
+            });
+            start = end;
+        }
+        spans
+    }
+
+    /// One streaming step on a chunk's features (context included): returns the chunk's
+    /// probabilities `[chunk_frames, num_speakers]` and updates `state`.
+    pub fn step(
+        &self,
+        state: &mut StreamingState,
+        chunk_features: &Features,
+        left_context: usize,
+        right_context: usize,
+    ) -> Result<Vec<f32>, ModelError> {
+        let e = &self.config.encoder;
+        if chunk_features.n_mels != e.feat_in
+            || chunk_features.data.len() != chunk_features.n_mels * chunk_features.n_frames
+        {
+            return Err(ModelError::Decode(format!(
+                "chunk features of {} mels x {} frames do not fit an encoder with {} inputs",
+                chunk_features.n_mels, chunk_features.n_frames, e.feat_in
+            )));
+        }
+        if state.dim != e.d_model || state.num_speakers != self.config.num_speakers {
+            return Err(ModelError::Decode(format!(
+                "streaming state of width {} for {} speakers does not fit this model ({}, {})",
+                state.dim, state.num_speakers, e.d_model, self.config.num_speakers
+            )));
+        }
+        let (chunk, n_pre) = self.encoder.pre_encode_frames(chunk_features);
+        if left_context + right_context > n_pre {
+            return Err(ModelError::Decode(format!(
+                "{left_context} + {right_context} context frames exceed the chunk's {n_pre}"
+            )));
+        }
+        let mut x = state.context();
+        x.extend_from_slice(&chunk);
+        let t = state.spkcache_frames() + state.fifo_frames() + n_pre;
+        let encoded = self.encoder.forward_pre_encoded(x, t);
+        let preds = self.head.forward(encoded, t);
+        Ok(state.update(
+            &self.config.streaming,
+            &chunk,
+            &preds,
+            left_context,
+            right_context,
+        ))
+    }
+
+    /// Log-mel features of frames `[first, last)` of the whole recording, computed from the
+    /// samples around them only. Every feature frame depends on at most `n_fft / 2` samples on
+    /// each side (and preemphasis on one more), so a margin of whole frames beyond that makes
+    /// the slice's inner frames equal to the whole recording's.
+    pub fn feature_frames(&self, pcm: &[f32], first: usize, last: usize) -> Features {
+        let f = &self.config.features;
+        let hop = f.hop_length_samples;
+        let margin = f.n_fft.div_ceil(2 * hop) + 1;
+        let start_frame = first.saturating_sub(margin);
+        let a = (start_frame * hop).min(pcm.len());
+        let b = ((last + margin) * hop).min(pcm.len());
+        let slice = self.features.compute(&pcm[a..b]);
+        let offset = first - start_frame;
+        let n = last
+            .saturating_sub(first)
+            .min(slice.n_frames.saturating_sub(offset));
+        let mut data = Vec::with_capacity(slice.n_mels * n);
+        for row in slice.data.chunks_exact(slice.n_frames.max(1)) {
+            if slice.n_frames > 0 {
+                data.extend_from_slice(&row[offset..offset + n]);
+            }
+        }
+        Features {
+            n_mels: slice.n_mels,
+            n_frames: n,
+            data,
+        }
+    }
+}
+
+fn check_no_extra_layers(
+    tensors: &TensorMap,
+    prefix: &str,
+    n_layers: usize,
+    key: &str,
+) -> Result<(), ModelError> {
+    let beyond = tensors.names().find_map(|name| {
+        let index = name.strip_prefix(prefix)?.split('.').next()?;
+        index.parse::<usize>().ok().filter(|&i| i >= n_layers)
+    });
+    match beyond {
+        Some(i) => Err(ModelError::InvalidConfig {
+            file: tensors.source.clone(),
+            key: key.to_string(),
+            problem: format!(
+                "the state dict has {prefix}{i} but the config says {n_layers} layers"
+            ),
+        }),
+        None => Ok(()),
+    }
+}

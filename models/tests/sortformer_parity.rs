@@ -1,0 +1,472 @@
+//! Streaming Sortformer on the CPU against what NeMo 3.0.0 recorded for the random-weight
+//! fixture `tests/fixtures/sortformer-tiny/` (scripts/fixtures/generate_sortformer.py):
+//! per-chunk speaker probabilities within 1e-4 relative L2, the speaker cache / FIFO / silence
+//! profile after every chunk, and identical post-processed segments; plus typed errors for bad
+//! configs and tensors.
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, ensure, Context, Result};
+use models::checkpoint::TensorMap;
+use models::sortformer::{PostProcessing, SortformerCheckpoint, SortformerModel, StreamingState};
+use models::ModelError;
+use serde_json::Value;
+
+const MAX_REL_L2: f64 = 1e-4;
+
+fn fixture_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/sortformer-tiny")
+}
+
+fn expected() -> Result<Value> {
+    let path = fixture_dir().join("expected.json");
+    Ok(serde_json::from_str(
+        &std::fs::read_to_string(&path).with_context(|| path.display().to_string())?,
+    )?)
+}
+
+fn read_wav(path: &Path) -> Result<Vec<f32>> {
+    let mut reader = hound::WavReader::open(path).with_context(|| path.display().to_string())?;
+    let spec = reader.spec();
+    ensure!(
+        spec.channels == 1 && spec.sample_rate == 16000 && spec.bits_per_sample == 16,
+        "{spec:?}"
+    );
+    reader
+        .samples::<i16>()
+        .map(|s| Ok(s? as f32 / 32768.0))
+        .collect()
+}
+
+type NamedTensors = BTreeMap<String, (Vec<usize>, Vec<f32>)>;
+
+fn read_safetensors(path: &Path) -> Result<NamedTensors> {
+    let bytes = std::fs::read(path).with_context(|| path.display().to_string())?;
+    let file = safetensors::SafeTensors::deserialize(&bytes)?;
+    let mut out = BTreeMap::new();
+    for (name, view) in file.tensors() {
+        ensure!(view.dtype() == safetensors::Dtype::F32, "{name}: not f32");
+        let values = view
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        out.insert(name, (view.shape().to_vec(), values));
+    }
+    Ok(out)
+}
+
+fn rel_l2(ours: &[f32], theirs: &[f32]) -> f64 {
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (a, b) in ours.iter().zip(theirs) {
+        num += (*a as f64 - *b as f64).powi(2);
+        den += (*b as f64).powi(2);
+    }
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+fn model() -> Result<SortformerModel> {
+    Ok(SortformerModel::load(&fixture_dir().join("model.nemo"))?)
+}
+
+fn clip_audio(clip: &Value) -> Result<Vec<f32>> {
+    let wav = clip["wav"]
+        .as_str()
+        .ok_or_else(|| anyhow!("clip has no wav"))?;
+    read_wav(&fixture_dir().parent().expect("fixtures dir").join(wav))
+}
+
+/// Our per-step chunk probabilities and state snapshots.
+struct Recorded {
+    probs: Vec<f32>,
+    steps: Vec<(Vec<f32>, StreamingState, usize, usize)>,
+}
+
+fn run(model: &SortformerModel, pcm: &[f32]) -> Result<Recorded> {
+    let mut steps = Vec::new();
+    let probs = model.probabilities_with(pcm, |step| {
+        steps.push((
+            step.chunk_probs.to_vec(),
+            step.state.clone(),
+            step.span.left_context,
+            step.span.right_context,
+        ))
+    })?;
+    Ok(Recorded { probs, steps })
+}
+
+/// Compares `ours` with NeMo's `<clip>/<step>/<key>`; returns the rel L2 (shape must match).
+fn compare(tensors: &NamedTensors, name: &str, ours: &[f32], rows: usize) -> Result<f64> {
+    let (shape, theirs) = tensors
+        .get(name)
+        .ok_or_else(|| anyhow!("{name} not recorded"))?;
+    ensure!(
+        shape.first().copied() == Some(rows) && theirs.len() == ours.len(),
+        "{name}: NeMo shape {shape:?}, ours {rows} rows / {} values",
+        ours.len()
+    );
+    Ok(rel_l2(ours, theirs))
+}
+
+#[test]
+fn streaming_probabilities_and_state_match_nemo_after_every_chunk() -> Result<()> {
+    let model = model()?;
+    let expected = expected()?;
+    let tensors = read_safetensors(&fixture_dir().join("expected.safetensors"))?;
+    let clips = expected["clips"]
+        .as_object()
+        .ok_or_else(|| anyhow!("no clips"))?;
+    ensure!(clips.len() >= 2, "fixture should have at least two clips");
+    let k = model.num_speakers();
+    for (name, clip) in clips {
+        let rec = run(&model, &clip_audio(clip)?)?;
+        let steps = clip["steps"]
+            .as_array()
+            .ok_or_else(|| anyhow!("no steps"))?;
+        ensure!(
+            rec.steps.len() == steps.len(),
+            "{name}: {} chunks, NeMo {}",
+            rec.steps.len(),
+            steps.len()
+        );
+        let mut worst: BTreeMap<&str, f64> = BTreeMap::new();
+        for (i, ((chunk_probs, state, lc, rc), nemo)) in rec.steps.iter().zip(steps).enumerate() {
+            let at = |key: &str| format!("{name}/{i:03}/{key}");
+            ensure!(
+                (*lc as u64, *rc as u64)
+                    == (
+                        nemo["lc"].as_u64().unwrap_or(99),
+                        nemo["rc"].as_u64().unwrap_or(99)
+                    ),
+                "{name} step {i}: context ({lc}, {rc}) vs NeMo {nemo}"
+            );
+            let frames = |key: &str| nemo[key].as_u64().map(|n| n as usize);
+            ensure!(
+                Some(chunk_probs.len() / k) == frames("chunk_frames")
+                    && Some(state.spkcache_frames()) == frames("spkcache_frames")
+                    && Some(state.fifo_frames()) == frames("fifo_frames")
+                    && Some(state.n_sil_frames) == frames("n_sil_frames")
+                    && state.spkcache_preds.is_some() == nemo["has_spkcache_preds"].as_bool().unwrap_or(false),
+                "{name} step {i}: chunk {} cache {} fifo {} silent {} cache preds {} vs NeMo {nemo}",
+                chunk_probs.len() / k,
+                state.spkcache_frames(),
+                state.fifo_frames(),
+                state.n_sil_frames,
+                state.spkcache_preds.is_some()
+            );
+            let mut check = |key: &'static str, ours: &[f32], rows: usize| -> Result<()> {
+                if rows == 0 {
+                    return Ok(());
+                }
+                let err = compare(&tensors, &at(key), ours, rows)?;
+                ensure!(err <= MAX_REL_L2, "{name} step {i} {key}: rel L2 {err:.3e}");
+                let w = worst.entry(key).or_insert(0.0);
+                *w = w.max(err);
+                Ok(())
+            };
+            check("chunk_preds", chunk_probs, chunk_probs.len() / k)?;
+            check("spkcache", &state.spkcache, state.spkcache_frames())?;
+            check("fifo", &state.fifo, state.fifo_frames())?;
+            check("fifo_preds", &state.fifo_preds, state.fifo_frames())?;
+            if let Some(p) = &state.spkcache_preds {
+                check("spkcache_preds", p, state.spkcache_frames())?;
+            }
+            if state.n_sil_frames > 0 {
+                check(
+                    "mean_sil_emb",
+                    &state.mean_sil_emb,
+                    state.mean_sil_emb.len(),
+                )?;
+            }
+        }
+        println!("{name}: {} chunks, worst rel L2 {worst:?}", rec.steps.len());
+    }
+    Ok(())
+}
+
+#[test]
+fn recording_longer_than_the_cache_gives_nemos_result() -> Result<()> {
+    let model = model()?;
+    let expected = expected()?;
+    let tensors = read_safetensors(&fixture_dir().join("expected.safetensors"))?;
+    let s = model.streaming_params().clone();
+    let k = model.num_speakers();
+    let mut checked = 0;
+    for (name, clip) in expected["clips"]
+        .as_object()
+        .ok_or_else(|| anyhow!("no clips"))?
+    {
+        let frames = clip["frames"].as_u64().unwrap_or(0) as usize;
+        if frames <= 2 * (s.spkcache_len_frames + s.fifo_len_frames) {
+            continue;
+        }
+        let rec = run(&model, &clip_audio(clip)?)?;
+        let compressions = rec
+            .steps
+            .iter()
+            .filter(|(_, st, ..)| st.spkcache_preds.is_some())
+            .count();
+        ensure!(
+            compressions >= 5,
+            "{name}: the cache was compressed at only {compressions} steps"
+        );
+        for (_, state, ..) in &rec.steps {
+            ensure!(
+                state.spkcache_frames() <= s.spkcache_len_frames
+                    && state.fifo_frames() <= s.fifo_len_frames.max(s.chunk_len_frames),
+                "{name}: state outgrew its bounds"
+            );
+        }
+        ensure!(
+            rec.probs.len() == frames * k,
+            "{name}: {} values for {frames} frames",
+            rec.probs.len()
+        );
+        let err = compare(&tensors, &format!("{name}/total_preds"), &rec.probs, frames)?;
+        println!("{name}: {frames} frames, {compressions} compressions, whole-recording rel L2 {err:.3e}");
+        ensure!(err <= MAX_REL_L2, "{name}: rel L2 {err:.3e}");
+        checked += 1;
+    }
+    ensure!(
+        checked > 0,
+        "no fixture clip is longer than twice the cache + FIFO"
+    );
+    Ok(())
+}
+
+fn post_processing(value: &Value) -> Result<PostProcessing> {
+    let get = |k: &str| {
+        value[k]
+            .as_f64()
+            .ok_or_else(|| anyhow!("postprocessing has no {k}"))
+    };
+    Ok(PostProcessing {
+        onset_threshold: get("onset")?,
+        offset_threshold: get("offset")?,
+        pad_onset_s: get("pad_onset")?,
+        pad_offset_s: get("pad_offset")?,
+        min_duration_on_s: get("min_duration_on")?,
+        min_duration_off_s: get("min_duration_off")?,
+    })
+}
+
+#[test]
+fn post_processed_segments_are_identical_to_nemos() -> Result<()> {
+    let mut model = model()?;
+    let expected = expected()?;
+    let sets = expected["postprocessing"]
+        .as_object()
+        .ok_or_else(|| anyhow!("no postprocessing"))?;
+    ensure!(
+        post_processing(&sets["dihard3"])? == PostProcessing::default(),
+        "the DIHARD3 set recorded differs from PostProcessing::default()"
+    );
+    for (name, clip) in expected["clips"]
+        .as_object()
+        .ok_or_else(|| anyhow!("no clips"))?
+    {
+        let pcm = clip_audio(clip)?;
+        let probs = model.probabilities(&pcm)?;
+        for (set, params) in sets {
+            model.set_post_processing(post_processing(params)?);
+            let ours = if set == "dihard3" {
+                model.diarize(&pcm)?
+            } else {
+                model.segments(&probs)
+            };
+            let mut ours: Vec<String> = ours
+                .iter()
+                .map(|s| format!("{:.3} {:.3} {}", s.start_s, s.end_s, s.label()))
+                .collect();
+            let mut theirs: Vec<String> = clip["segments"][set]
+                .as_array()
+                .ok_or_else(|| anyhow!("no segments for {set}"))?
+                .iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect();
+            ensure!(
+                theirs.len() > 3,
+                "{name}/{set}: NeMo's segments are trivial"
+            );
+            ours.sort();
+            theirs.sort();
+            if ours != theirs {
+                bail!("{name}/{set}: segments differ\n ours:  {ours:?}\n NeMo: {theirs:?}");
+            }
+            println!("{name}/{set}: {} identical segments", ours.len());
+        }
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+fn members() -> Result<Vec<(String, Vec<u8>)>> {
+    let mut archive = tar::Archive::new(std::fs::File::open(fixture_dir().join("model.nemo"))?);
+    let mut out = Vec::new();
+    for entry in archive.entries()? {
+        let mut entry = entry?;
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let name = entry.path()?.to_string_lossy().into_owned();
+        let mut bytes = Vec::new();
+        entry.read_to_end(&mut bytes)?;
+        out.push((name, bytes));
+    }
+    Ok(out)
+}
+
+/// Loads the fixture with `model_config.yaml` edited by `edit` (on the parsed YAML).
+fn load_with_config(
+    edit: impl Fn(&mut serde_yaml::Value),
+) -> Result<Result<SortformerModel, ModelError>> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (name, mut bytes) in members()? {
+        if name.ends_with("model_config.yaml") {
+            let mut yaml: serde_yaml::Value = serde_yaml::from_slice(&bytes)?;
+            edit(&mut yaml);
+            bytes = serde_yaml::to_string(&yaml)?.into_bytes();
+        }
+        let mut header = tar::Header::new_gnu();
+        header.set_size(bytes.len() as u64);
+        header.set_mode(0o644);
+        header.set_entry_type(tar::EntryType::Regular);
+        builder.append_data(&mut header, &name, bytes.as_slice())?;
+    }
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("model.nemo");
+    std::fs::write(&path, builder.into_inner()?)?;
+    Ok(SortformerModel::load(&path))
+}
+
+fn set(yaml: &mut serde_yaml::Value, path: &str, value: serde_yaml::Value) {
+    let mut node = yaml;
+    for part in path.split('.') {
+        node = &mut node[part];
+    }
+    *node = value;
+}
+
+/// A load result for messages (the model itself is too big to print).
+fn outcome(result: &Result<SortformerModel, ModelError>) -> String {
+    match result {
+        Ok(_) => "loaded".into(),
+        Err(e) => format!("error {e:?}"),
+    }
+}
+
+#[test]
+fn bad_configs_give_typed_errors() -> Result<()> {
+    let cases: Vec<(&str, serde_yaml::Value, &str)> = vec![
+        ("sortformer_modules.spkcache_len", 4.into(), "spkcache_len"),
+        ("sortformer_modules.chunk_len", 0.into(), "chunk_len"),
+        (
+            "transformer_encoder.hidden_act",
+            "gelu".into(),
+            "hidden_act",
+        ),
+        ("transformer_encoder.pre_ln", true.into(), "pre_ln"),
+        ("transformer_encoder.num_layers", 1.into(), "num_layers"),
+        (
+            "transformer_encoder.num_attention_heads",
+            5.into(),
+            "num_attention_heads",
+        ),
+        ("sortformer_modules.tf_d_model", 48.into(), "tf_d_model"),
+        ("max_num_of_spks", 3.into(), "max_num_of_spks"),
+        ("encoder.subsampling", "striding".into(), "subsampling"),
+    ];
+    for (key, value, expect_key) in cases {
+        match load_with_config(|y| set(y, key, value.clone()))? {
+            Ok(_) => bail!("{key} = {value:?} loaded"),
+            Err(
+                ModelError::InvalidConfig { key: k, .. }
+                | ModelError::UnsupportedConfig { key: k, .. },
+            ) => {
+                ensure!(k.ends_with(expect_key), "{key}: error names `{k}`")
+            }
+            Err(other) => bail!("{key}: unexpected error {other}"),
+        }
+    }
+    // A wider transformer than the weights: the first tensor read says so, by name.
+    match load_with_config(|y| {
+        set(y, "transformer_encoder.hidden_size", 48.into());
+        set(y, "sortformer_modules.tf_d_model", 48.into());
+        set(y, "model_defaults.tf_d_model", 48.into());
+    })? {
+        Err(ModelError::TensorShape { name, .. }) => ensure!(
+            name.starts_with("sortformer_modules.encoder_proj"),
+            "{name}"
+        ),
+        other => bail!("expected a TensorShape error, got {}", outcome(&other)),
+    }
+    Ok(())
+}
+
+#[test]
+fn missing_or_misshapen_tensors_give_typed_errors() -> Result<()> {
+    let ckpt = SortformerCheckpoint::load(&fixture_dir().join("model.nemo"))?;
+    let rebuilt = |drop: &str, reshape: Option<&str>| -> TensorMap {
+        let tensors = ckpt
+            .tensors
+            .names()
+            .filter(|n| *n != drop)
+            .map(|n| {
+                let mut t = ckpt.tensors.get_any_shape(n).expect("listed").clone();
+                if reshape == Some(n) {
+                    t.shape = vec![1, t.numel()];
+                }
+                (n.to_string(), t)
+            })
+            .collect();
+        TensorMap::new(ckpt.tensors.source.clone(), tensors)
+    };
+    for name in [
+        "transformer_encoder.layers.1.second_sub_layer.dense_out.weight",
+        "sortformer_modules.single_hidden_to_spks.bias",
+        "encoder.layers.0.self_attn.linear_q.weight",
+        "encoder.pre_encode.out.weight",
+    ] {
+        let bad = SortformerCheckpoint {
+            config: ckpt.config.clone(),
+            tensors: rebuilt(name, None),
+        };
+        match SortformerModel::from_checkpoint(&bad) {
+            Err(ModelError::MissingTensor { name: n, .. }) => ensure!(n == name, "{n} vs {name}"),
+            other => bail!("dropping {name}: {}", outcome(&other)),
+        }
+        let bad = SortformerCheckpoint {
+            config: ckpt.config.clone(),
+            tensors: rebuilt("", Some(name)),
+        };
+        match SortformerModel::from_checkpoint(&bad) {
+            Err(ModelError::TensorShape { name: n, .. }) => ensure!(n == name, "{n} vs {name}"),
+            other => bail!("reshaping {name}: {}", outcome(&other)),
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn short_and_empty_inputs_are_handled() -> Result<()> {
+    let model = model()?;
+    assert!(model.diarize(&[])?.is_empty());
+    assert!(model.probabilities(&[0.0; 100])?.is_empty());
+    // Shorter than one chunk: one step, ceil(frames / 8) rows.
+    let probs = model.probabilities(&vec![0.01; 16000])?;
+    ensure!(
+        probs.len() == 13 * model.num_speakers(),
+        "{} values",
+        probs.len()
+    );
+    ensure!(probs.iter().all(|p| (0.0..=1.0).contains(p)));
+    Ok(())
+}
