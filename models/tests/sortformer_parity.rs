@@ -240,6 +240,81 @@ fn recording_longer_than_the_cache_gives_nemos_result() -> Result<()> {
     Ok(())
 }
 
+#[test]
+fn overridden_streaming_params_match_nemo() -> Result<()> {
+    let expected = expected()?;
+    let tensors = read_safetensors(&fixture_dir().join("expected.safetensors"))?;
+    let presets = expected["presets"]
+        .as_object()
+        .ok_or_else(|| anyhow!("no presets"))?;
+    ensure!(
+        presets.len() >= 2,
+        "fixture should record at least two presets"
+    );
+    for (preset, rec) in presets {
+        let mut model = model()?;
+        let mut params = model.streaming_params().clone();
+        let p = &rec["params"];
+        let get = |k: &str| {
+            p[k].as_u64()
+                .map(|n| n as usize)
+                .ok_or_else(|| anyhow!("{preset}: no {k}"))
+        };
+        params.chunk_len_frames = get("chunk_len")?;
+        params.chunk_left_context_frames = get("chunk_left_context")?;
+        params.chunk_right_context_frames = get("chunk_right_context")?;
+        params.fifo_len_frames = get("fifo_len")?;
+        params.spkcache_len_frames = get("spkcache_len")?;
+        params.spkcache_update_period_frames = get("spkcache_update_period")?;
+        model.set_streaming_params(params)?;
+        let clip = rec["clip"].as_str().ok_or_else(|| anyhow!("no clip"))?;
+        let pcm = read_wav(&fixture_dir().join(format!("{clip}.wav")))?;
+        let ran = run(&model, &pcm)?;
+        let sizes: Vec<Vec<u64>> = serde_json::from_value(rec["steps_spkcache_fifo_sil"].clone())?;
+        let ours: Vec<Vec<u64>> = ran
+            .steps
+            .iter()
+            .map(|(_, s, ..)| {
+                vec![
+                    s.spkcache_frames() as u64,
+                    s.fifo_frames() as u64,
+                    s.n_sil_frames as u64,
+                ]
+            })
+            .collect();
+        ensure!(
+            ours == sizes,
+            "{preset}: cache/FIFO/silence sizes per step differ\n ours: {ours:?}\n NeMo: {sizes:?}"
+        );
+        let frames = rec["frames"].as_u64().unwrap_or(0) as usize;
+        let err = compare(
+            &tensors,
+            &format!("{preset}/total_preds"),
+            &ran.probs,
+            frames,
+        )?;
+        ensure!(
+            err <= MAX_REL_L2,
+            "{preset}: probabilities rel L2 {err:.3e}"
+        );
+        let (_, last, ..) = ran.steps.last().ok_or_else(|| anyhow!("no steps"))?;
+        let mut worst = err;
+        for (key, ours, rows) in [
+            ("spkcache", &last.spkcache, last.spkcache_frames()),
+            ("fifo", &last.fifo, last.fifo_frames()),
+            ("mean_sil_emb", &last.mean_sil_emb, last.mean_sil_emb.len()),
+        ] {
+            if rows > 0 && !(key == "mean_sil_emb" && last.n_sil_frames == 0) {
+                let e = compare(&tensors, &format!("{preset}/final/{key}"), ours, rows)?;
+                ensure!(e <= MAX_REL_L2, "{preset}: final {key} rel L2 {e:.3e}");
+                worst = worst.max(e);
+            }
+        }
+        println!("{preset}: {} chunks, probabilities rel L2 {err:.3e}, worst incl. final state {worst:.3e}", ran.steps.len());
+    }
+    Ok(())
+}
+
 fn post_processing(value: &Value) -> Result<PostProcessing> {
     let get = |k: &str| {
         value[k]
