@@ -545,3 +545,45 @@ fn short_and_empty_inputs_are_handled() -> Result<()> {
     ensure!(probs.iter().all(|p| (0.0..=1.0).contains(p)));
     Ok(())
 }
+
+/// A full-size Streaming Sortformer 4spk v2 `.nemo` (scripts/make_full_size_sortformer.py, random
+/// weights): loads, streams 45 s in 15 s chunks with bounded state, and reports milliseconds per
+/// chunk. `SORTFORMER_FULL_NEMO=/path/model.nemo cargo test --release -- --ignored full_size`.
+#[test]
+#[ignore = "needs SORTFORMER_FULL_NEMO (a ~0.5 GB generated checkpoint)"]
+fn full_size_checkpoint_streams_in_bounded_state() -> Result<()> {
+    let path = std::env::var("SORTFORMER_FULL_NEMO").context("set SORTFORMER_FULL_NEMO")?;
+    let started = std::time::Instant::now();
+    let model = SortformerModel::load(Path::new(&path))?;
+    let cfg = model.config();
+    println!(
+        "loaded in {:.1} s: {} x {} conformer, {} x {} transformer, chunk {} / FIFO {} / cache {} frames",
+        started.elapsed().as_secs_f64(),
+        cfg.encoder.n_layers,
+        cfg.encoder.d_model,
+        cfg.transformer.n_layers,
+        cfg.transformer.hidden,
+        cfg.streaming.chunk_len_frames,
+        cfg.streaming.fifo_len_frames,
+        cfg.streaming.spkcache_len_frames
+    );
+    // 45 s of a deterministic chirp-like signal.
+    let pcm: Vec<f32> = (0..45 * 16000)
+        .map(|i| {
+            let t = i as f32 / 16000.0;
+            0.3 * (2.0 * std::f32::consts::PI * (150.0 + 40.0 * (0.5 * t).sin()) * t).sin()
+        })
+        .collect();
+    let mut last = std::time::Instant::now();
+    let mut times = Vec::new();
+    let s = cfg.streaming.clone();
+    let probs = model.probabilities_with(&pcm, |step| {
+        times.push(last.elapsed().as_secs_f64() * 1e3);
+        last = std::time::Instant::now();
+        assert!(step.state.spkcache_frames() <= s.spkcache_len_frames);
+        assert!(step.state.fifo_frames() <= s.fifo_len_frames.max(s.chunk_len_frames));
+    })?;
+    ensure!(probs.iter().all(|p| (0.0..=1.0).contains(p)));
+    println!("ms per chunk: {times:.0?}");
+    Ok(())
+}

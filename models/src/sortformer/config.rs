@@ -256,6 +256,16 @@ pub(crate) fn parse(text: &str, file: &Path) -> Result<SortformerConfig, ModelEr
         weak_boost_rate: y.f64_or(&m("weak_boost_rate"), 1.5)?,
         min_pos_scores_rate: y.f64_or(&m("min_pos_scores_rate"), 0.5)?,
     };
+    if y.bool_or("async_streaming", false)? {
+        // NeMo's batched "async" update keeps fixed-size zero-padded buffers and treats the
+        // cache's probabilities as zeros before its first compression; for one recording the
+        // synchronous update (NeMo's default) is the reference this engine reproduces.
+        tracing::warn!(
+            file = %file.display(),
+            "async_streaming: true in the config; running NeMo's synchronous streaming update, \
+             whose cache choices can differ slightly from the asynchronous one"
+        );
+    }
     let config = SortformerConfig {
         features,
         encoder,
