@@ -531,6 +531,35 @@ fn missing_or_misshapen_tensors_give_typed_errors() -> Result<()> {
 }
 
 #[test]
+fn chunk_features_equal_whole_recording_features() -> Result<()> {
+    let model = model()?;
+    let pcm = read_wav(&fixture_dir().join("three_speakers.wav"))?;
+    let total = pcm.len() / model.config().features.hop_length_samples;
+    let whole = model.feature_frames(&pcm, 0, total);
+    ensure!(
+        whole.n_frames == total,
+        "{} of {total} frames",
+        whole.n_frames
+    );
+    let mut spans = model.chunk_spans(total);
+    ensure!(spans.len() > 10, "{} chunks", spans.len());
+    spans.truncate(12);
+    for span in spans {
+        let chunk = model.feature_frames(&pcm, span.first_frame, span.last_frame);
+        let n = span.last_frame - span.first_frame;
+        ensure!(chunk.n_frames == n, "{span:?}: {} frames", chunk.n_frames);
+        let expected: Vec<f32> = whole
+            .data
+            .chunks_exact(total)
+            .flat_map(|row| row[span.first_frame..span.last_frame].iter().copied())
+            .collect();
+        let err = rel_l2(&chunk.data, &expected);
+        ensure!(err <= 1e-6, "{span:?}: rel L2 {err:.3e}");
+    }
+    Ok(())
+}
+
+#[test]
 fn short_and_empty_inputs_are_handled() -> Result<()> {
     let model = model()?;
     assert!(model.diarize(&[])?.is_empty());
@@ -543,6 +572,19 @@ fn short_and_empty_inputs_are_handled() -> Result<()> {
         probs.len()
     );
     ensure!(probs.iter().all(|p| (0.0..=1.0).contains(p)));
+    // A state from another model, or edited out of shape, is refused, not a panic.
+    let chunk = model.feature_frames(&vec![0.01; 16000], 0, 100);
+    let mut state = StreamingState::new(model.config().encoder.d_model + 1, model.num_speakers());
+    ensure!(matches!(
+        model.step(&mut state, &chunk, 0, 0),
+        Err(ModelError::Decode(_))
+    ));
+    let mut state = StreamingState::new(model.config().encoder.d_model, model.num_speakers());
+    state.fifo.push(1.0);
+    ensure!(matches!(
+        model.step(&mut state, &chunk, 0, 0),
+        Err(ModelError::Decode(_))
+    ));
     Ok(())
 }
 

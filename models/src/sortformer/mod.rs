@@ -7,6 +7,10 @@
 //! own rows are its speaker probabilities, and the chunk's pre-encoded frames update the
 //! streaming state ([`StreamingState`]). Memory stays bounded by the chunk, FIFO and cache sizes
 //! whatever the recording's length: features are computed per chunk, not for the whole file.
+//!
+//! Inference is always streaming. A checkpoint with `streaming_mode: false` (which NeMo would
+//! run offline, over the whole recording at once) is streamed with its config's chunk settings;
+//! only NeMo's offline peak normalisation of the waveform is kept for it.
 
 mod config;
 mod postprocess;
@@ -163,10 +167,28 @@ impl SortformerModel {
         Ok(self.segments(&probs))
     }
 
+    /// Like [`Self::diarize`] with other post-processing parameters (e.g. per job).
+    pub fn diarize_with(
+        &self,
+        pcm_16k: &[f32],
+        post_processing: &PostProcessing,
+    ) -> Result<Vec<SpeakerSegment>, ModelError> {
+        let probs = self.probabilities(pcm_16k)?;
+        Ok(self.segments_with(&probs, post_processing))
+    }
+
     /// Post-processes `[frames, num_speakers]` probabilities into segments.
     pub fn segments(&self, probs: &[f32]) -> Vec<SpeakerSegment> {
+        self.segments_with(probs, &self.post_processing)
+    }
+
+    fn segments_with(
+        &self,
+        probs: &[f32],
+        post_processing: &PostProcessing,
+    ) -> Vec<SpeakerSegment> {
         let f = &self.config.features;
-        self.post_processing.segments(
+        post_processing.segments(
             probs,
             self.config.num_speakers,
             f.hop_length_samples as f64 / f.sample_rate_hz as f64,
@@ -253,10 +275,18 @@ impl SortformerModel {
                 chunk_features.n_mels, chunk_features.n_frames, e.feat_in
             )));
         }
-        if state.dim != e.d_model || state.num_speakers != self.config.num_speakers {
+        if state.dim != e.d_model
+            || state.num_speakers != self.config.num_speakers
+            || !state.is_consistent()
+        {
             return Err(ModelError::Decode(format!(
-                "streaming state of width {} for {} speakers does not fit this model ({}, {})",
-                state.dim, state.num_speakers, e.d_model, self.config.num_speakers
+                "streaming state of width {} for {} speakers (consistent: {}) does not fit this \
+                 model ({}, {})",
+                state.dim,
+                state.num_speakers,
+                state.is_consistent(),
+                e.d_model,
+                self.config.num_speakers
             )));
         }
         let (chunk, n_pre) = self.encoder.pre_encode_frames(chunk_features);

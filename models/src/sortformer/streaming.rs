@@ -56,6 +56,21 @@ impl StreamingState {
         self.fifo.len() / self.dim
     }
 
+    /// Whether the buffers agree with each other (they always do unless edited by hand).
+    pub fn is_consistent(&self) -> bool {
+        let (d, k) = (self.dim, self.num_speakers);
+        d > 0
+            && k > 0
+            && self.spkcache.len().is_multiple_of(d)
+            && self.fifo.len().is_multiple_of(d)
+            && self.mean_sil_emb.len() == d
+            && self.fifo_preds.len() == self.fifo_frames() * k
+            && self
+                .spkcache_preds
+                .as_ref()
+                .is_none_or(|p| p.len() == self.spkcache_frames() * k)
+    }
+
     /// The model input before the chunk: `[spkcache; fifo]` embeddings.
     pub fn context(&self) -> Vec<f32> {
         let mut x = Vec::with_capacity(self.spkcache.len() + self.fifo.len());
