@@ -572,6 +572,9 @@ fn short_and_empty_inputs_are_handled() -> Result<()> {
         probs.len()
     );
     ensure!(probs.iter().all(|p| (0.0..=1.0).contains(p)));
+    let mut bad = vec![0.0; 16000];
+    bad[123] = f32::NAN;
+    ensure!(matches!(model.diarize(&bad), Err(ModelError::Decode(_))));
     // A state from another model, or edited out of shape, is refused, not a panic.
     let chunk = model.feature_frames(&vec![0.01; 16000], 0, 100);
     let mut state = StreamingState::new(model.config().encoder.d_model + 1, model.num_speakers());

@@ -207,6 +207,12 @@ impl SortformerModel {
         pcm_16k: &[f32],
         mut on_step: impl FnMut(&StepOutput<'_>),
     ) -> Result<Vec<f32>, ModelError> {
+        if let Some(i) = pcm_16k.iter().position(|v| !v.is_finite()) {
+            return Err(ModelError::Decode(format!(
+                "sample {i} of the recording is {} (not a finite number)",
+                pcm_16k[i]
+            )));
+        }
         let normalized;
         let pcm = if self.config.streaming_mode {
             pcm_16k
