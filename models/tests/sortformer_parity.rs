@@ -572,6 +572,11 @@ fn short_and_empty_inputs_are_handled() -> Result<()> {
         probs.len()
     );
     ensure!(probs.iter().all(|p| (0.0..=1.0).contains(p)));
+    // Spans outside the recording give no frames.
+    let pcm = vec![0.01; 16000];
+    ensure!(model.feature_frames(&pcm, 500, 600).n_frames == 0);
+    ensure!(model.feature_frames(&pcm, 50, 10).n_frames == 0);
+    ensure!(model.feature_frames(&pcm, 90, 120).n_frames == 10);
     let mut bad = vec![0.0; 16000];
     bad[123] = f32::NAN;
     ensure!(matches!(model.diarize(&bad), Err(ModelError::Decode(_))));

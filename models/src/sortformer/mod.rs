@@ -321,19 +321,29 @@ impl SortformerModel {
     /// the slice's inner frames equal to the whole recording's.
     pub fn feature_frames(&self, pcm: &[f32], first: usize, last: usize) -> Features {
         let f = &self.config.features;
+        if last <= first {
+            return Features {
+                n_mels: f.n_mels,
+                n_frames: 0,
+                data: Vec::new(),
+            };
+        }
         let hop = f.hop_length_samples;
         let margin = f.n_fft.div_ceil(2 * hop) + 1;
         let start_frame = first.saturating_sub(margin);
-        let a = (start_frame * hop).min(pcm.len());
-        let b = ((last + margin) * hop).min(pcm.len());
+        let a = start_frame.saturating_mul(hop).min(pcm.len());
+        let b = last
+            .saturating_add(margin)
+            .saturating_mul(hop)
+            .min(pcm.len());
         let slice = self.features.compute(&pcm[a..b]);
         let offset = first - start_frame;
         let n = last
             .saturating_sub(first)
             .min(slice.n_frames.saturating_sub(offset));
         let mut data = Vec::with_capacity(slice.n_mels * n);
-        for row in slice.data.chunks_exact(slice.n_frames.max(1)) {
-            if slice.n_frames > 0 {
+        if n > 0 {
+            for row in slice.data.chunks_exact(slice.n_frames) {
                 data.extend_from_slice(&row[offset..offset + n]);
             }
         }
