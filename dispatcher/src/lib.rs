@@ -9,6 +9,7 @@ pub mod decode;
 pub mod diarizer;
 pub mod engine;
 pub mod error;
+pub mod fleet_engine;
 pub mod job;
 pub mod lifecycle;
 pub mod metrics;

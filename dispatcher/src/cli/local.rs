@@ -42,6 +42,8 @@ pub(crate) struct LocalArgs {
     pub(crate) config: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) settings: SettingsArgs,
+    #[command(flatten)]
+    pub(crate) engine: dispatcher::fleet_engine::EngineArgs,
 }
 
 pub(crate) async fn run(args: LocalArgs) -> anyhow::Result<()> {
@@ -65,9 +67,13 @@ pub(crate) async fn run(args: LocalArgs) -> anyhow::Result<()> {
         .model
         .clone()
         .context("--model (or MODEL, or `model` in the config file) is required to process jobs")?;
-    let transcriber = dispatcher::engine::load(&model, settings.model_id.clone())?;
+    let engine = dispatcher::fleet_engine::load(&args.engine, &model, settings.model_id.clone())?;
+    let transcriber = engine.transcriber;
     let diarizer = app::load_diarizer(&settings)?;
     let metrics = MetricsRuntime::start(&settings, None).await?;
+    if let Some(source) = engine.metrics_source {
+        metrics.metrics.add_source(source);
+    }
     let queue: Arc<dyn Queue> = Arc::new(spool.clone());
     let store_dyn: Arc<dyn ObjectStore> = Arc::new(store.clone());
     let consumer = app::consumer_with_diarizer(

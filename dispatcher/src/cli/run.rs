@@ -24,6 +24,8 @@ pub(crate) struct RunArgs {
     pub(crate) exit_when_idle: bool,
     #[command(flatten)]
     pub(crate) settings: SettingsArgs,
+    #[command(flatten)]
+    pub(crate) engine: dispatcher::fleet_engine::EngineArgs,
 }
 
 pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -34,7 +36,8 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         .context("--queue-url is required")?;
     let model = settings.model.clone().context("--model is required")?;
     let aws = dispatcher::aws::load(None).await;
-    let transcriber = dispatcher::engine::load(&model, settings.model_id.clone())?;
+    let engine = dispatcher::fleet_engine::load(&args.engine, &model, settings.model_id.clone())?;
+    let transcriber = engine.transcriber;
     let diarizer = app::load_diarizer(&settings)?;
     let sink: Option<Arc<dyn Sink>> = settings.cloudwatch_namespace.as_ref().map(|ns| {
         Arc::new(CloudWatchSink::new(
@@ -43,6 +46,9 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         )) as Arc<dyn Sink>
     });
     let metrics = MetricsRuntime::start(&settings, sink).await?;
+    if let Some(source) = engine.metrics_source {
+        metrics.metrics.add_source(source);
+    }
     let queue: Arc<dyn Queue> = Arc::new(SqsQueue::new(dispatcher::aws::sqs(&aws), queue_url));
     let store: Arc<dyn ObjectStore> = Arc::new(S3Store::new(
         dispatcher::aws::s3(&aws, settings.s3_force_path_style),

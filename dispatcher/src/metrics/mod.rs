@@ -116,12 +116,24 @@ pub trait Sink: Send + Sync {
     async fn publish(&self, datums: Vec<Datum>) -> crate::error::Result<()>;
 }
 
+/// Another component's metrics and health, shown by `/metrics` and `/health` next to the
+/// dispatcher's own (the worker fleet of `--engine fleet`).
+pub trait MetricsSource: Send + Sync {
+    /// Its key in `/health`'s JSON.
+    fn name(&self) -> &'static str;
+    /// Prometheus text, appended to `/metrics`.
+    fn render_prometheus(&self) -> String;
+    /// Whether it can do work now, and its state for `/health`.
+    fn health(&self) -> (bool, serde_json::Value);
+}
+
 /// The cheap, cloneable handle jobs use.
 #[derive(Clone)]
 pub struct Metrics {
     tx: mpsc::Sender<MetricEvent>,
     dropped: Arc<AtomicU64>,
     registry: Arc<Mutex<Registry>>,
+    sources: Arc<Mutex<Vec<Arc<dyn MetricsSource>>>>,
 }
 
 impl Metrics {
@@ -132,6 +144,7 @@ impl Metrics {
             tx,
             dropped: Arc::new(AtomicU64::new(0)),
             registry: Arc::new(Mutex::new(Registry::default())),
+            sources: Arc::new(Mutex::new(Vec::new())),
         };
         (metrics, rx)
     }
@@ -147,10 +160,29 @@ impl Metrics {
         self.dropped.load(Ordering::Relaxed)
     }
 
-    /// Prometheus text exposition of everything aggregated so far.
+    /// Prometheus text exposition of everything aggregated so far, then each source's.
     pub fn render_prometheus(&self) -> String {
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
-        registry.render(self.dropped())
+        let mut text = registry.render(self.dropped());
+        for source in self.sources() {
+            text.push_str(&source.render_prometheus());
+        }
+        text
+    }
+
+    /// Adds a component to `/metrics` and `/health`.
+    pub fn add_source(&self, source: Arc<dyn MetricsSource>) {
+        self.sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(source);
+    }
+
+    pub fn sources(&self) -> Vec<Arc<dyn MetricsSource>> {
+        self.sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub fn registry(&self) -> Arc<Mutex<Registry>> {

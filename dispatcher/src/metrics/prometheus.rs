@@ -204,12 +204,37 @@ async fn metrics_handler(State(state): State<HttpState>) -> (StatusCode, String)
     (StatusCode::OK, state.metrics.render_prometheus())
 }
 
-async fn health_handler(State(state): State<HttpState>) -> (StatusCode, &'static str) {
-    if state.healthy.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ok\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "draining\n")
+/// `ok` / `draining` as text; with sources (the worker fleet), JSON with each source's state,
+/// and 503 also while a source cannot work.
+async fn health_handler(State(state): State<HttpState>) -> (StatusCode, String) {
+    let taking_work = state.healthy.load(Ordering::Relaxed);
+    let sources = state.metrics.sources();
+    if sources.is_empty() {
+        return if taking_work {
+            (StatusCode::OK, "ok\n".into())
+        } else {
+            (StatusCode::SERVICE_UNAVAILABLE, "draining\n".into())
+        };
     }
+    let mut body = serde_json::Map::new();
+    let mut all_ready = true;
+    for source in sources {
+        let (ready, value) = source.health();
+        all_ready &= ready;
+        body.insert(source.name().into(), value);
+    }
+    let status = match (taking_work, all_ready) {
+        (false, _) => "draining",
+        (true, false) => "unavailable",
+        (true, true) => "ok",
+    };
+    body.insert("status".into(), status.into());
+    let code = if status == "ok" {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, serde_json::Value::Object(body).to_string() + "\n")
 }
 
 #[cfg(test)]

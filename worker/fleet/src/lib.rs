@@ -33,3 +33,5 @@ pub use health::{FleetHealth, GroupHealth};
 pub use load_lock::LoadLock;
 pub use options::{gpu_groups, FleetOptions};
 pub use transcriber::FleetTranscriber;
+/// The kinds of [`FleetError::Rejected`].
+pub use worker_protocol::WireErrorKind;
