@@ -88,7 +88,9 @@ fn main() -> anyhow::Result<()> {
             .context("shutdown task")?;
         result
     });
-    // The fleet (and with it the event sender) is gone: the printer drains and ends.
+    // Dropping the runtime drops the listener's tasks and their handles on the fleet; with the
+    // fleet gone, so is the event sender: the printer drains and ends.
+    drop(runtime);
     let _ = printer.join();
     served
 }
