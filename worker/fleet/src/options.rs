@@ -182,6 +182,26 @@ mod tests {
         assert_eq!(mps.dirs(0).log, PathBuf::from("/run/f/mps/log/gpu0"));
         assert_eq!(mps.thread_percentage(4), 25);
         assert!(cfg.groups.iter().all(|g| g.instances == 4));
+        // Each GPU's daemon and workers: its own ordinal and pipe directory, nothing shared.
+        let env_of = |gpu: u32| {
+            let group = &cfg.groups[gpu as usize];
+            let mps = group.mps.as_ref().unwrap();
+            let daemon = crate::mps::daemon_start(gpu, &mps.dirs(gpu)).env;
+            let worker = crate::mps::worker_env(group.gpu, group.instances, Some(mps));
+            (daemon, worker)
+        };
+        let ((d0, w0), (d1, w1)) = (env_of(0), env_of(1));
+        let pipe = |env: &[(String, String)]| {
+            env.iter()
+                .find(|(k, _)| k == "CUDA_MPS_PIPE_DIRECTORY")
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(pipe(&d0).as_deref(), Some("/run/f/mps/pipe/gpu0"));
+        assert_eq!(pipe(&d1).as_deref(), Some("/run/f/mps/pipe/gpu1"));
+        assert_eq!((pipe(&w0), pipe(&w1)), (pipe(&d0), pipe(&d1)));
+        assert!(d1.contains(&("CUDA_VISIBLE_DEVICES".into(), "1".into())));
+        assert!(w1.contains(&("CUDA_VISIBLE_DEVICES".into(), "1".into())));
+        assert!(w0.contains(&("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), "25".into())));
     }
 
     #[test]
