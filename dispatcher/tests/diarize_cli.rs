@@ -168,3 +168,84 @@ fn diarization_flags_are_checked() -> Result<()> {
     ensure!(!String::from_utf8(out.stdout)?.contains("speaker"));
     Ok(())
 }
+
+/// Every file under `dir`, by path relative to it.
+fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                out.push(path.strip_prefix(dir)?.to_path_buf());
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[test]
+fn local_mode_diarizes_the_input_dir() -> Result<()> {
+    let work = tempfile::tempdir()?;
+    let inputs = work.path().join("inputs");
+    std::fs::create_dir(&inputs)?;
+    std::fs::copy(
+        fixtures().join("sortformer-tiny/three_speakers.wav"),
+        inputs.join("consult.wav"),
+    )?;
+    let out = Command::new(env!("CARGO_BIN_EXE_dispatcher"))
+        .arg("local")
+        .arg("--spool")
+        .arg(work.path().join("spool"))
+        .arg("--store")
+        .arg(work.path().join("store"))
+        .arg("--input-dir")
+        .arg(&inputs)
+        .arg("--diarize")
+        .arg("--model")
+        .arg(fixtures().join("tdt-real-options/model.nemo"))
+        .arg("--diar-model")
+        .arg(fixtures().join("sortformer-tiny/model.nemo"))
+        .env("RUST_LOG", "warn")
+        .output()?;
+    let log = String::from_utf8_lossy(&out.stderr);
+    ensure!(out.status.success(), "{log}");
+    ensure!(log.contains("done 1 ·"), "{log}");
+    let results = work.path().join("store/results");
+    let files = files_under(&results)?;
+    let rttm = files
+        .iter()
+        .find(|p| p.ends_with("transcript.rttm"))
+        .with_context(|| format!("no transcript.rttm in {files:?}"))?;
+    let manifest = rttm.with_file_name("manifest.json");
+    let manifest: Value = serde_json::from_slice(&std::fs::read(results.join(&manifest))?)?;
+    let formats: Vec<&str> = manifest["outputs"]
+        .as_array()
+        .context("outputs")?
+        .iter()
+        .filter_map(|o| o["format"].as_str())
+        .collect();
+    ensure!(formats.last() == Some(&"rttm"), "{formats:?}");
+    ensure!(manifest["diarization_model_id"].is_string(), "{manifest}");
+    let rttm = std::fs::read_to_string(results.join(rttm))?;
+    ensure!(rttm.starts_with("SPEAKER consult 1 "), "{rttm}");
+    // Without a diarization model, --diarize is refused before anything is submitted.
+    let out = Command::new(env!("CARGO_BIN_EXE_dispatcher"))
+        .arg("local")
+        .arg("--spool")
+        .arg(work.path().join("spool2"))
+        .arg("--store")
+        .arg(work.path().join("store2"))
+        .arg("--input-dir")
+        .arg(&inputs)
+        .arg("--diarize")
+        .arg("--model")
+        .arg(fixtures().join("tdt-real-options/model.nemo"))
+        .env_remove("DIAR_MODEL")
+        .output()?;
+    ensure!(!out.status.success());
+    ensure!(String::from_utf8_lossy(&out.stderr).contains("--diar-model"));
+    Ok(())
+}

@@ -34,6 +34,10 @@ pub(crate) struct LocalArgs {
     /// Submit every file under this folder (copied to `<store>/inputs/`) before processing.
     #[arg(long)]
     pub(crate) input_dir: Option<PathBuf>,
+    /// Submit the `--input-dir` files as diarized jobs (speaker labels and transcript.rttm);
+    /// needs `--diar-model`.
+    #[arg(long, requires = "input_dir")]
+    pub(crate) diarize: bool,
     /// Keep waiting for new messages instead of exiting once the queue is empty.
     #[arg(long)]
     pub(crate) follow: bool,
@@ -60,7 +64,10 @@ pub(crate) async fn run(args: LocalArgs) -> anyhow::Result<()> {
     let spool = SpoolQueue::open(&args.spool, settings.max_receives)?;
     let store = LocalStore::open(&args.store)?;
     if let Some(dir) = &args.input_dir {
-        let n = submit_dir(&spool, &store, dir)?;
+        if args.diarize && settings.diar_model.is_none() {
+            anyhow::bail!("--diarize needs --diar-model (or DIAR_MODEL, or `diar_model`)");
+        }
+        let n = submit_dir(&spool, &store, dir, args.diarize)?;
         eprintln!("submitted {n} files from {}", dir.display());
     }
     let model = settings
@@ -111,6 +118,7 @@ pub(crate) fn submit_dir(
     spool: &SpoolQueue,
     store: &LocalStore,
     dir: &Path,
+    diarize: bool,
 ) -> anyhow::Result<usize> {
     let mut files = Vec::new();
     walk(dir, dir, &mut files)?;
@@ -119,10 +127,11 @@ pub(crate) fn submit_dir(
         store
             .put_replace(LOCAL_INPUT_BUCKET, key, path)
             .with_context(|| format!("submitting {}", path.display()))?;
-        let job = JobMessage::new(
+        let mut job = JobMessage::new(
             format!("local-{}", uuid::Uuid::new_v4()),
             &ObjectRef::new(LOCAL_INPUT_BUCKET, key.as_str()),
         );
+        job.diarize = diarize;
         spool.send_one(&serde_json::to_string(&job)?)?;
     }
     Ok(files.len())
