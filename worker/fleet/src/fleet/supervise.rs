@@ -1,5 +1,6 @@
 //! Worker lifecycle: spawn under the load lock, connect, health-check, take down and restart.
 
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Weak};
@@ -168,6 +169,9 @@ fn spawn_worker(shared: &Shared, slot: &Slot) -> std::io::Result<Child> {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
+        // Its own process group: a Ctrl-C at the terminal reaches only the supervisor, which
+        // then stops the workers before the MPS daemons, in that order.
+        .process_group(0)
         .spawn()
 }
 
