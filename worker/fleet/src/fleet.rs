@@ -21,13 +21,16 @@ use crate::config::FleetConfig;
 use crate::error::FleetError;
 use crate::events::FleetEvent;
 use crate::load_lock::LoadLock;
-use crate::metrics::{GroupMetrics, Snapshot, WorkerGauges};
+use crate::metrics::GroupMetrics;
 use crate::mps::{self, MpsControl, SystemMps};
 
+mod observe;
 mod routing;
+mod stop;
 mod supervise;
 
 use routing::dispatch;
+use stop::stop_daemons;
 use supervise::monitor_loop;
 
 const TICK: Duration = Duration::from_millis(20);
@@ -394,177 +397,5 @@ impl Fleet {
                 .wait(state)
                 .unwrap_or_else(|p| p.into_inner());
         }
-    }
-
-    pub fn status(&self) -> Vec<WorkerStatus> {
-        let state = self.shared.lock();
-        state
-            .slots
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let group = &self.shared.config.groups[s.group];
-                let phase = match s.phase {
-                    Phase::Down { .. } => WorkerPhase::Down,
-                    Phase::Starting { .. } => WorkerPhase::Starting,
-                    Phase::Ready => WorkerPhase::Ready,
-                };
-                WorkerStatus {
-                    group: group.name.clone(),
-                    gpu: group.gpu,
-                    slot: i,
-                    phase,
-                    ready: phase == WorkerPhase::Ready,
-                    pid: s.child.as_ref().map(Child::id),
-                    outstanding: s.outstanding.len(),
-                    queue_depth: s.queue_depth,
-                    restarts: s.restarts,
-                    last_restart: s.last_restart,
-                    engine: s.info.as_ref().map(|i| i.engine.clone()),
-                    device: s.info.as_ref().and_then(|i| i.device.clone()),
-                }
-            })
-            .collect()
-    }
-
-    pub fn config(&self) -> &FleetConfig {
-        &self.shared.config
-    }
-
-    /// Per-worker readiness and the group verdict (see [`crate::FleetHealth`]).
-    pub fn health(&self) -> crate::FleetHealth {
-        crate::FleetHealth::from_status(&self.shared.config, self.status())
-    }
-
-    /// Prometheus text of the fleet's metrics (queue depths, batch sizes and latency, padding,
-    /// restarts by cause), for `/metrics` of the supervisor or the dispatcher.
-    pub fn render_prometheus(&self) -> String {
-        let state = self.shared.lock();
-        let groups = &self.shared.config.groups;
-        Snapshot {
-            waiting: state.waiting.len(),
-            groups: groups
-                .iter()
-                .map(|g| g.name.clone())
-                .zip(state.metrics.iter().cloned())
-                .collect(),
-            workers: state
-                .slots
-                .iter()
-                .enumerate()
-                .map(|(i, s)| WorkerGauges {
-                    group: groups[s.group].name.clone(),
-                    slot: i,
-                    ready: matches!(s.phase, Phase::Ready),
-                    outstanding: s.outstanding.len(),
-                    queue_depth: s.queue_depth,
-                })
-                .collect(),
-        }
-        .render()
-    }
-
-    pub fn restarts(&self, cause: RestartCause) -> u64 {
-        self.shared
-            .lock()
-            .restarts
-            .get(&cause)
-            .copied()
-            .unwrap_or(0)
-    }
-
-    /// Stops every worker (SIGTERM, then SIGKILL after a grace period) and MPS daemons this
-    /// fleet started. Waiting submitters get `ShuttingDown`.
-    pub fn shutdown(&self) {
-        let (children, daemons) = {
-            let mut state = self.shared.lock();
-            state.shutting_down = true;
-            for req in state.requests.values_mut() {
-                if req.outcome.is_none() {
-                    req.outcome = Some(Err(FleetError::ShuttingDown));
-                }
-            }
-            let children: Vec<Child> = state
-                .slots
-                .iter_mut()
-                .filter_map(|s| {
-                    if let Some(c) = s.conn.take() {
-                        c.close();
-                    }
-                    s.child.take()
-                })
-                .collect();
-            (children, std::mem::take(&mut state.mps_started))
-        };
-        self.shared.changed.notify_all();
-        let monitor = self
-            .monitor
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(monitor) = monitor {
-            let _ = monitor.join();
-        }
-        stop_children(children, Duration::from_secs(2));
-        stop_daemons(&*self.shared.mps, &self.shared.events, daemons);
-        if !std::mem::replace(&mut self.shared.lock().stopped, true) {
-            self.shared.emit(FleetEvent::Stopped);
-        }
-    }
-}
-
-/// `quit` to each daemon this fleet started (after its clients are gone).
-fn stop_daemons(
-    control: &dyn MpsControl,
-    events: &Option<Sender<FleetEvent>>,
-    daemons: Vec<(u32, mps::MpsDirs)>,
-) {
-    for (gpu, dirs) in daemons {
-        let event = match control.run(&mps::daemon_stop(gpu, &dirs)) {
-            Ok(_) => {
-                tracing::info!(gpu, "stopped MPS control daemon");
-                FleetEvent::MpsDaemonStopped { gpu }
-            }
-            Err(e) => {
-                tracing::warn!(gpu, error = %e, "stopping MPS daemon");
-                FleetEvent::MpsDaemonStopFailed {
-                    gpu,
-                    error: e.to_string(),
-                }
-            }
-        };
-        if let Some(events) = events {
-            let _ = events.send(event);
-        }
-    }
-}
-
-impl Drop for Fleet {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
-
-fn signal(child: &Child, sig: rustix::process::Signal) {
-    if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
-        let _ = rustix::process::kill_process(pid, sig);
-    }
-}
-
-fn stop_children(mut children: Vec<Child>, grace: Duration) {
-    for c in &children {
-        signal(c, rustix::process::Signal::TERM);
-    }
-    let deadline = Instant::now() + grace;
-    while Instant::now() < deadline {
-        children.retain_mut(|c| !matches!(c.try_wait(), Ok(Some(_))));
-        if children.is_empty() {
-            return;
-        }
-        std::thread::sleep(TICK);
-    }
-    for mut c in children {
-        let _ = c.kill();
-        let _ = c.wait();
     }
 }

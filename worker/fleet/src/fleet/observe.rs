@@ -1,0 +1,86 @@
+//! What the fleet shows outside: per-worker status, the health verdict, Prometheus metrics.
+
+use std::process::Child;
+
+use super::{Fleet, Phase, RestartCause, WorkerPhase, WorkerStatus};
+use crate::config::FleetConfig;
+use crate::metrics::{Snapshot, WorkerGauges};
+
+impl Fleet {
+    pub fn status(&self) -> Vec<WorkerStatus> {
+        let state = self.shared.lock();
+        state
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let group = &self.shared.config.groups[s.group];
+                let phase = match s.phase {
+                    Phase::Down { .. } => WorkerPhase::Down,
+                    Phase::Starting { .. } => WorkerPhase::Starting,
+                    Phase::Ready => WorkerPhase::Ready,
+                };
+                WorkerStatus {
+                    group: group.name.clone(),
+                    gpu: group.gpu,
+                    slot: i,
+                    phase,
+                    ready: phase == WorkerPhase::Ready,
+                    pid: s.child.as_ref().map(Child::id),
+                    outstanding: s.outstanding.len(),
+                    queue_depth: s.queue_depth,
+                    restarts: s.restarts,
+                    last_restart: s.last_restart,
+                    engine: s.info.as_ref().map(|i| i.engine.clone()),
+                    device: s.info.as_ref().and_then(|i| i.device.clone()),
+                }
+            })
+            .collect()
+    }
+
+    pub fn config(&self) -> &FleetConfig {
+        &self.shared.config
+    }
+
+    /// Per-worker readiness and the group verdict (see [`crate::FleetHealth`]).
+    pub fn health(&self) -> crate::FleetHealth {
+        crate::FleetHealth::from_status(&self.shared.config, self.status())
+    }
+
+    /// Prometheus text of the fleet's metrics (queue depths, batch sizes and latency, padding,
+    /// restarts by cause), for `/metrics` of the supervisor or the dispatcher.
+    pub fn render_prometheus(&self) -> String {
+        let state = self.shared.lock();
+        let groups = &self.shared.config.groups;
+        Snapshot {
+            waiting: state.waiting.len(),
+            groups: groups
+                .iter()
+                .map(|g| g.name.clone())
+                .zip(state.metrics.iter().cloned())
+                .collect(),
+            workers: state
+                .slots
+                .iter()
+                .enumerate()
+                .map(|(i, s)| WorkerGauges {
+                    group: groups[s.group].name.clone(),
+                    slot: i,
+                    ready: matches!(s.phase, Phase::Ready),
+                    outstanding: s.outstanding.len(),
+                    queue_depth: s.queue_depth,
+                })
+                .collect(),
+        }
+        .render()
+    }
+
+    pub fn restarts(&self, cause: RestartCause) -> u64 {
+        self.shared
+            .lock()
+            .restarts
+            .get(&cause)
+            .copied()
+            .unwrap_or(0)
+    }
+}
