@@ -1,8 +1,7 @@
 //! One job, start to finish: look up the input, skip it if a result exists, fetch, decode,
 //! transcribe (and diarize, at the same time, when asked), write the outputs and then the
-//! manifest. Permanent failures become a failure
-//! record in the result location; other errors go back to the caller, which releases the
-//! message.
+//! manifest. Permanent failures become a failure record in the result location; other errors
+//! go back to the caller, which releases the message.
 
 use std::sync::Arc;
 use std::time::Instant;
