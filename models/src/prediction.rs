@@ -76,13 +76,7 @@ impl Joint {
     ) -> Result<Self, ModelError> {
         let hj = cfg.joint_hidden;
         let n_out = cfg.vocab_size + 1 + cfg.durations.len();
-        let out_prefix =
-            tensors
-                .joint_output_prefix()
-                .ok_or_else(|| ModelError::MissingTensor {
-                    file: tensors.source.clone(),
-                    name: "joint.joint_net.<N>.weight".into(),
-                })?;
+        let out_prefix = tensors.require_joint_output_prefix()?;
         Ok(Self {
             enc: Linear::load(
                 tensors,

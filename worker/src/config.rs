@@ -6,8 +6,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::batch_policy::BatchPolicyConfig;
-use crate::engine::EngineKind;
-use crate::engine::OnnxSettings;
+use crate::cuda_engine::CudaSettings;
+use crate::engine::{EngineKind, EngineSettings, OnnxSettings};
 use crate::error::WorkerError;
 use crate::onnx_engine::OnnxProvider;
 
@@ -25,8 +25,19 @@ pub struct Cli {
 pub enum Command {
     /// Load the model, warm up, then serve the socket.
     Serve(ServeArgs),
-    /// Report what this build and machine can run (engines, devices).
-    Probe,
+    /// Report what this build and machine can run: engines, and for CUDA a context, a kernel,
+    /// the SMs this process gets and the MPS thread percentage it runs under.
+    Probe(ProbeArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ProbeArgs {
+    /// CUDA device ordinal (after `CUDA_VISIBLE_DEVICES`).
+    #[arg(long, env = "WORKER_CUDA_DEVICE", default_value_t = 0)]
+    pub cuda_device: usize,
+    /// Exit non-zero unless the CUDA probe succeeds (for wedge checks and scripts).
+    #[arg(long)]
+    pub require_cuda: bool,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -47,6 +58,13 @@ pub struct ServeArgs {
     /// GPU ordinal for the ONNX CUDA/TensorRT providers.
     #[arg(long, env = "WORKER_DEVICE_ID", default_value_t = 0)]
     pub device_id: i32,
+    /// GPU ordinal of the CUDA engine (after `CUDA_VISIBLE_DEVICES`).
+    #[arg(long, env = "WORKER_CUDA_DEVICE", default_value_t = 0)]
+    pub cuda_device: usize,
+    /// Longest segment (seconds) the CUDA engine's decoder graph is captured for at warm-up,
+    /// with the largest preferred batch size; longer segments decode eagerly (same results).
+    #[arg(long, env = "WORKER_CUDA_GRAPH_MAX_SECONDS", default_value_t = 30.0)]
+    pub cuda_graph_max_seconds: f64,
     /// Batch sizes the batcher fills to (it runs the largest one reached at once).
     #[arg(
         long,
@@ -71,10 +89,22 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    pub fn onnx(&self) -> OnnxSettings {
-        OnnxSettings {
-            provider: self.onnx_provider,
-            device_id: self.device_id,
+    pub fn engine_settings(&self) -> EngineSettings {
+        EngineSettings {
+            onnx: OnnxSettings {
+                provider: self.onnx_provider,
+                device_id: self.device_id,
+            },
+            cuda: CudaSettings {
+                device: self.cuda_device,
+                graph_max_batch: self
+                    .preferred_batch_sizes
+                    .iter()
+                    .copied()
+                    .max()
+                    .unwrap_or(1),
+                graph_max_seconds: self.cuda_graph_max_seconds,
+            },
         }
     }
 

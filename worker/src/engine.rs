@@ -1,13 +1,16 @@
 //! Engines behind one synchronous trait; each runs on its own OS thread
-//! ([`crate::engine_thread`]). The CPU engine is the models crate's f32 reference model.
+//! ([`crate::engine_thread`]). The CPU engine is the models crate's f32 reference model; the
+//! ONNX engine is in [`crate::onnx_engine`], the native CUDA engine in [`crate::cuda_engine`].
 
 use std::path::Path;
 
 use clap::ValueEnum;
+use models::config::ParakeetConfig;
 use models::transcript::Hypothesis;
 use models::ParakeetModel;
-use worker_protocol::ModelInfo;
+use worker_protocol::{DeviceReport, ModelInfo};
 
+use crate::cuda_engine::{CudaEngine, CudaSettings};
 use crate::error::WorkerError;
 use crate::onnx_engine::{OnnxEngine, OnnxProvider};
 
@@ -17,7 +20,8 @@ pub enum EngineKind {
     Cpu,
     /// ONNX Runtime on an export directory (`--onnx-provider` picks CPU/CUDA/TensorRT).
     Onnx,
-    /// The native CUDA engine (not in this build: refused, never replaced by the CPU).
+    /// The native CUDA engine (bf16 encoder, GPU decoder in CUDA graphs). Without a usable GPU
+    /// the worker fails to start: it is never replaced by the CPU.
     Cuda,
 }
 
@@ -34,6 +38,10 @@ impl EngineKind {
 pub trait Engine: Send {
     fn name(&self) -> &'static str;
     fn model_info(&self) -> ModelInfo;
+    /// The GPU this engine runs on (`None`: no GPU).
+    fn device(&self) -> Option<DeviceReport> {
+        None
+    }
     /// One hypothesis per clip, in order. Must equal each clip's hypothesis alone.
     fn transcribe(&mut self, batch: &[&[f32]]) -> Result<Vec<Hypothesis>, WorkerError>;
     /// Samples per feature frame (the batching cost unit).
@@ -44,8 +52,9 @@ pub trait Engine: Send {
 pub fn load(
     kind: EngineKind,
     model: &Path,
-    onnx: OnnxSettings,
+    settings: EngineSettings,
 ) -> Result<Box<dyn Engine>, WorkerError> {
+    let onnx = settings.onnx;
     match kind {
         EngineKind::Cpu => Ok(Box::new(CpuEngine::load(model)?)),
         EngineKind::Onnx => Ok(Box::new(OnnxEngine::load(
@@ -53,10 +62,40 @@ pub fn load(
             onnx.provider,
             onnx.device_id,
         )?)),
-        EngineKind::Cuda => Err(WorkerError::EngineUnavailable {
-            engine: kind.name().into(),
-            reason: "this build has no CUDA engine (see the native CUDA engine issue)".into(),
-        }),
+        EngineKind::Cuda => Ok(Box::new(CudaEngine::load(model, settings.cuda)?)),
+    }
+}
+
+/// An engine's answer for a batch: exactly one hypothesis per clip, or a contract error.
+pub(crate) fn one_per_clip(
+    batch: &[&[f32]],
+    hyps: Vec<Hypothesis>,
+) -> Result<Vec<Hypothesis>, WorkerError> {
+    if hyps.len() != batch.len() {
+        return Err(WorkerError::EngineContract {
+            expected: batch.len(),
+            got: hyps.len(),
+        });
+    }
+    Ok(hyps)
+}
+
+/// Per-engine choices (each engine reads its own).
+#[derive(Debug, Clone, Copy)]
+pub struct EngineSettings {
+    pub onnx: OnnxSettings,
+    pub cuda: CudaSettings,
+}
+
+/// The handshake's model description for a checkpoint's config.
+pub(crate) fn model_info(path: &str, vocabulary: &[String], cfg: &ParakeetConfig) -> ModelInfo {
+    ModelInfo {
+        path: path.to_owned(),
+        vocabulary: vocabulary.to_vec(),
+        window_stride_s: cfg.features.hop_length_samples as f64
+            / f64::from(cfg.features.sample_rate_hz),
+        subsampling_factor: cfg.encoder.subsampling_factor as u32,
+        sample_rate_hz: cfg.features.sample_rate_hz,
     }
 }
 
@@ -91,15 +130,7 @@ impl Engine for CpuEngine {
     }
 
     fn model_info(&self) -> ModelInfo {
-        let cfg = self.model.config();
-        ModelInfo {
-            path: self.path.clone(),
-            vocabulary: self.model.vocabulary().to_vec(),
-            window_stride_s: cfg.features.hop_length_samples as f64
-                / f64::from(cfg.features.sample_rate_hz),
-            subsampling_factor: cfg.encoder.subsampling_factor as u32,
-            sample_rate_hz: cfg.features.sample_rate_hz,
-        }
+        model_info(&self.path, self.model.vocabulary(), self.model.config())
     }
 
     fn transcribe(&mut self, batch: &[&[f32]]) -> Result<Vec<Hypothesis>, WorkerError> {
@@ -107,13 +138,7 @@ impl Engine for CpuEngine {
             .model
             .transcribe_batch(batch)
             .map_err(WorkerError::Inference)?;
-        if hyps.len() != batch.len() {
-            return Err(WorkerError::EngineContract {
-                expected: batch.len(),
-                got: hyps.len(),
-            });
-        }
-        Ok(hyps)
+        one_per_clip(batch, hyps)
     }
 
     fn hop_samples(&self) -> usize {

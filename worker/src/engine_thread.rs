@@ -74,6 +74,14 @@ pub fn spawn(
                     .store(thread_status.now_ms(), Ordering::Release);
                 let clips: Vec<&[f32]> = job.clips.iter().map(|c| c.as_slice()).collect();
                 let result = engine.transcribe(&clips);
+                if let Err(error) = &result {
+                    if error.is_fatal() {
+                        // Nothing on this context can run again; answering would only delay
+                        // the group restart. In-flight requests are re-sent by the supervisor.
+                        tracing::error!(%error, "fatal CUDA fault: exiting for a restart");
+                        std::process::exit(crate::error::EXIT_CUDA_FATAL);
+                    }
+                }
                 thread_status.busy_since_ms.store(0, Ordering::Release);
                 thread_status.batches_done.fetch_add(1, Ordering::AcqRel);
                 // The batcher may have gone (shutdown): nothing to answer then.

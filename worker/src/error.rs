@@ -16,6 +16,8 @@ pub enum WorkerError {
     EngineUnavailable { engine: String, reason: String },
     #[error("inference failed: {0}")]
     Inference(#[source] models::ModelError),
+    #[error("CUDA engine: {0}")]
+    Cuda(#[source] cuda_engine::CudaEngineError),
     #[error("engine returned {got} hypotheses for a batch of {expected} (bug)")]
     EngineContract { expected: usize, got: usize },
     #[error("invalid configuration: {0}")]
@@ -27,3 +29,15 @@ pub enum WorkerError {
         source: std::io::Error,
     },
 }
+
+impl WorkerError {
+    /// The process cannot go on: its CUDA context is poisoned (a sticky fault, or MPS dropped
+    /// the client). The worker exits with [`EXIT_CUDA_FATAL`] so the supervisor restarts its
+    /// GPU group.
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, Self::Cuda(e) if e.is_sticky())
+    }
+}
+
+/// Exit status of a worker whose CUDA context hit a sticky fault.
+pub const EXIT_CUDA_FATAL: i32 = 70;

@@ -5,6 +5,7 @@
 pub mod batch_policy;
 pub mod batcher;
 pub mod config;
+pub mod cuda_engine;
 pub mod engine;
 pub mod engine_thread;
 pub mod error;

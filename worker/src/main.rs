@@ -8,7 +8,7 @@ use clap::Parser;
 use tokio::net::UnixListener;
 use worker::batch_policy::BatchQueue;
 use worker::batcher::{Batcher, QueueStats};
-use worker::config::{Cli, Command, ServeArgs};
+use worker::config::{Cli, Command, ProbeArgs, ServeArgs};
 use worker::server::{accept_loop, ServerContext};
 use worker::{engine, engine_thread};
 use worker_protocol::WorkerInfo;
@@ -22,23 +22,32 @@ fn main() -> Result<()> {
         .init();
     match Cli::parse().command {
         Command::Serve(args) => serve(args),
-        Command::Probe => {
-            probe();
-            Ok(())
-        }
+        Command::Probe(args) => probe(&args),
     }
 }
 
-fn probe() {
+fn probe(args: &ProbeArgs) -> Result<()> {
     println!("engine cpu: available (models crate f32 reference)");
     match models::onnx::dylib_from_env() {
         Some(path) => println!("engine onnx: ONNX Runtime from {}", path.display()),
         None => println!("engine onnx: unavailable until ORT_DYLIB_PATH names ONNX Runtime"),
     }
-    println!(
-        "engine cuda: not available: CUDA probing (context, kernel, SM count, MPS thread \
-         percentage) is not implemented in this build"
-    );
+    let probed = cuda_engine::CudaEngine::new(args.cuda_device).and_then(|e| e.probe());
+    match probed {
+        Ok(probe) => {
+            println!("engine cuda: available: {}", probe.summary());
+            let report = worker::cuda_engine::device_report(&probe);
+            println!("device {}", serde_json::to_string(&report)?);
+            Ok(())
+        }
+        Err(error) => {
+            println!("engine cuda: unavailable: {error}");
+            if args.require_cuda {
+                anyhow::bail!("CUDA probe failed on device {}: {error}", args.cuda_device);
+            }
+            Ok(())
+        }
+    }
 }
 
 /// One second of a quiet tone: exercises features, encoder and decoder before ready.
@@ -49,9 +58,13 @@ fn warmup_clip() -> Vec<f32> {
 }
 
 fn serve(args: ServeArgs) -> Result<()> {
+    // If the supervisor dies (even by SIGKILL), stop too: an orphaned worker would keep its
+    // GPU memory and MPS slot with nobody routing to it.
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
+        .context("setting the parent-death signal")?;
     let policy = args.batch_policy()?;
     let started = Instant::now();
-    let mut engine = engine::load(args.engine, &args.model, args.onnx())
+    let mut engine = engine::load(args.engine, &args.model, args.engine_settings())
         .with_context(|| format!("starting the {} engine", args.engine.name()))?;
     let loaded = started.elapsed();
     let clip = warmup_clip();
@@ -67,8 +80,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         engine: engine.name().into(),
         pid: std::process::id(),
         model: engine.model_info(),
-        // The CPU and ONNX engines run on no GPU; the CUDA engine reports its device here.
-        device: None,
+        device: engine.device(),
     };
     let hop_samples = engine.hop_samples();
     let (engine_tx, engine_status) = engine_thread::spawn(engine).context("engine thread")?;

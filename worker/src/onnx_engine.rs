@@ -9,7 +9,7 @@ use models::onnx::{ExecutionProvider, OnnxModel, OnnxOptions};
 use models::transcript::Hypothesis;
 use worker_protocol::ModelInfo;
 
-use crate::engine::Engine;
+use crate::engine::{one_per_clip, Engine};
 use crate::error::WorkerError;
 
 /// Parakeet's feature hop (10 ms at 16 kHz), assumed when the export computes its own features.
@@ -87,13 +87,7 @@ impl Engine for OnnxEngine {
             .model
             .transcribe_batch(batch)
             .map_err(WorkerError::Inference)?;
-        if hyps.len() != batch.len() {
-            return Err(WorkerError::EngineContract {
-                expected: batch.len(),
-                got: hyps.len(),
-            });
-        }
-        Ok(hyps)
+        one_per_clip(batch, hyps)
     }
 
     fn hop_samples(&self) -> usize {

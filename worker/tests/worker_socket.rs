@@ -148,10 +148,20 @@ fn garbage_and_misuse_get_typed_errors_and_worker_keeps_serving() -> Result<()> 
     Ok(())
 }
 
+/// Whether this machine has a usable GPU (the CUDA cases below check what fits the machine).
+fn has_gpu() -> bool {
+    cuda_engine::CudaEngine::new(0).is_ok()
+}
+
 #[test]
 fn unavailable_engine_fails_hard() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    for engine in ["cuda", "onnx"] {
+    let engines: &[&str] = if has_gpu() {
+        &["onnx"]
+    } else {
+        &["cuda", "onnx"]
+    };
+    for engine in engines.iter().copied() {
         // onnx: a missing ONNX Runtime must not turn into the CPU reference engine.
         let out = Command::new(common::worker_binary())
             .env_remove("ORT_DYLIB_PATH")
@@ -166,7 +176,7 @@ fn unavailable_engine_fails_hard() -> Result<()> {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{engine}: must not fall back");
         let why = if engine == "cuda" {
-            "not available"
+            "no CUDA device available"
         } else {
             "ORT_DYLIB_PATH"
         };
@@ -180,14 +190,27 @@ fn unavailable_engine_fails_hard() -> Result<()> {
 }
 
 #[test]
-fn probe_says_cuda_probing_is_not_in_this_build() -> Result<()> {
+fn probe_reports_the_gpu_or_why_there_is_none() -> Result<()> {
     let out = Command::new(common::worker_binary())
         .arg("probe")
         .output()?;
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("engine cpu: available"), "{text}");
-    assert!(text.contains("engine cuda: not available"), "{text}");
+    let strict = Command::new(common::worker_binary())
+        .args(["probe", "--require-cuda"])
+        .output()?;
+    if has_gpu() {
+        assert!(text.contains("engine cuda: available: GPU 0"), "{text}");
+        assert!(text.contains("device {\"ordinal\":0"), "{text}");
+        assert!(strict.status.success());
+    } else {
+        assert!(
+            text.contains("engine cuda: unavailable: no CUDA device available"),
+            "{text}"
+        );
+        assert!(!strict.status.success(), "--require-cuda without a GPU");
+    }
     Ok(())
 }
 
@@ -272,5 +295,42 @@ fn onnx_engine_batched_answers_equal_each_clip_alone() -> Result<()> {
         assert_eq!(answer.hypothesis, expected[clip], "clip {}", clips[clip].0);
     }
     assert!(answers.values().any(|a| a.timings.batch_size > 1));
+    Ok(())
+}
+
+/// The CUDA engine through the socket: every clip answered in a batch equals the clip answered
+/// alone, and the handshake reports the GPU. Skipped (loudly) without a GPU unless
+/// `REQUIRE_CUDA=1`.
+#[test]
+fn cuda_engine_batched_answers_equal_each_clip_alone() -> Result<()> {
+    if !has_gpu() {
+        assert!(
+            std::env::var("REQUIRE_CUDA").as_deref() != Ok("1"),
+            "REQUIRE_CUDA=1 but no GPU"
+        );
+        eprintln!("SKIPPED cuda_engine_batched_answers_equal_each_clip_alone: no GPU");
+        return Ok(());
+    }
+    let clips = clips()?;
+    let dir = tempfile::tempdir()?;
+    let worker = WorkerProcess::start(
+        dir.path(),
+        &["--engine", "cuda", "--max-batch-wait-ms", "300"],
+    )?;
+    let mut alone = Vec::new();
+    for i in 0..clips.len() {
+        let answer = transcribe_all(&worker, &clips[i..=i], 1)?.remove(&0);
+        alone.push(answer.map(|a| a.hypothesis).expect("one answer"));
+    }
+    let answers = transcribe_all(&worker, &clips, 3)?;
+    for (id, answer) in &answers {
+        let clip = *id as usize % clips.len();
+        assert_eq!(
+            answer.hypothesis, alone[clip],
+            "clip {} (request {id}) in a batch of {}",
+            clips[clip].0, answer.timings.batch_size
+        );
+    }
+    assert!(answers.values().any(|a| a.timings.batch_size >= 4));
     Ok(())
 }

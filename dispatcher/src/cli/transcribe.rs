@@ -34,6 +34,9 @@ pub(crate) enum EngineKind {
     Native,
     /// ONNX Runtime (CPU) on an export directory; needs `ORT_DYLIB_PATH`.
     Onnx,
+    /// The native CUDA engine on GPU 0 (bf16 encoder, GPU decoder), from a `.nemo` file.
+    /// Without a usable GPU this is an error, never a fallback to the CPU.
+    Cuda,
 }
 
 #[derive(Debug, clap::Args)]
@@ -73,6 +76,7 @@ pub(crate) struct TranscribeArgs {
 enum Engine {
     Native(ParakeetModel),
     Onnx(OnnxModel),
+    Cuda(Box<cuda_engine::GpuParakeet>),
 }
 
 impl Engine {
@@ -93,6 +97,11 @@ impl Engine {
                 );
                 (Engine::Onnx(model), timestamper)
             }
+            EngineKind::Cuda => {
+                let model = cuda_engine::GpuParakeet::load(path, 0)?;
+                let timestamper = Timestamper::for_model(model.vocabulary(), model.config());
+                (Engine::Cuda(Box::new(model)), timestamper)
+            }
         };
         tracing::info!(model = %path.display(), load_s = started.elapsed().as_secs_f64(), "model loaded");
         Ok(loaded)
@@ -101,11 +110,12 @@ impl Engine {
     fn transcribe_batch(
         &mut self,
         pcm: &[&[f32]],
-    ) -> Result<Vec<models::transcript::Hypothesis>, models::ModelError> {
-        match self {
-            Engine::Native(m) => m.transcribe_batch(pcm),
-            Engine::Onnx(m) => m.transcribe_batch(pcm),
-        }
+    ) -> anyhow::Result<Vec<models::transcript::Hypothesis>> {
+        Ok(match self {
+            Engine::Native(m) => m.transcribe_batch(pcm)?,
+            Engine::Onnx(m) => m.transcribe_batch(pcm)?,
+            Engine::Cuda(m) => m.transcribe_batch(pcm)?,
+        })
     }
 }
 

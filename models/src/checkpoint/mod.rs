@@ -76,6 +76,15 @@ impl TensorMap {
             .map(|i| format!("joint.joint_net.{i}"))
     }
 
+    /// [`Self::joint_output_prefix`], or a `MissingTensor` error naming what is missing.
+    pub fn require_joint_output_prefix(&self) -> Result<String, ModelError> {
+        self.joint_output_prefix()
+            .ok_or_else(|| ModelError::MissingTensor {
+                file: self.source.clone(),
+                name: "joint.joint_net.<last>.weight".to_string(),
+            })
+    }
+
     /// Like [`Self::get`] but `None` when absent (optional biases).
     pub fn get_optional(&self, name: &str, shape: &[usize]) -> Result<Option<&Tensor>, ModelError> {
         if self.contains(name) {

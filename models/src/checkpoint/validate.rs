@@ -164,12 +164,7 @@ fn check_decoder(config: &ParakeetConfig, tensors: &TensorMap) -> Result<(), Mod
     }
     linear(tensors, "joint.pred", &[j, h], true)?;
     linear(tensors, "joint.enc", &[j, config.encoder.d_model], true)?;
-    let out = tensors
-        .joint_output_prefix()
-        .ok_or_else(|| ModelError::MissingTensor {
-            file: tensors.source.clone(),
-            name: "joint.joint_net.<last>.weight".to_string(),
-        })?;
+    let out = tensors.require_joint_output_prefix()?;
     linear(
         tensors,
         &out,

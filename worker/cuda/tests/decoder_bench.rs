@@ -11,11 +11,11 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Result;
-use common::{engine, Rng};
+use common::{engine, fixtures, Rng};
 use cuda_engine::{DecoderEnvelope, EncoderOutput, GpuDecoder};
 use models::checkpoint::{Checkpoint, TensorMap};
 use models::tensor::Tensor;
@@ -28,23 +28,9 @@ const DURATIONS: [usize; 5] = [0, 1, 2, 3, 4];
 /// Encoder frames of a 30 s clip (80 ms per frame).
 const FRAMES: usize = 375;
 
-fn fixture_model() -> PathBuf {
-    let dir = std::env::var("FIXTURES_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tests/fixtures");
-            if built.is_dir() {
-                built
-            } else {
-                PathBuf::from("models/tests/fixtures")
-            }
-        });
-    dir.join("tdt-real-options/model.nemo")
-}
-
 /// The fixture's config with the decoder resized to the real model's, and random weights.
 fn checkpoint(rng: &mut Rng) -> Result<Checkpoint> {
-    let mut config = Checkpoint::load(&fixture_model())?.config;
+    let mut config = Checkpoint::load(&fixtures().join("tdt-real-options/model.nemo"))?.config;
     config.decoder.vocab_size = VOCAB;
     config.decoder.pred_hidden = HIDDEN;
     config.decoder.pred_rnn_layers = 2;

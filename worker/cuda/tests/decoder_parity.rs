@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
-use common::engine;
+use common::{engine, fixtures, read_wav};
 use cuda_engine::{CudaEngine, DecoderEnvelope, EncoderOutput, GpuDecoder, GpuParakeet};
 use models::checkpoint::Checkpoint;
 use models::tdt::EncodedUtterance;
@@ -32,32 +32,6 @@ const CLIPS: [&str; 8] = [
     "noise",
     "silence",
 ];
-
-fn fixtures() -> PathBuf {
-    if let Ok(dir) = std::env::var("FIXTURES_DIR") {
-        return PathBuf::from(dir);
-    }
-    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tests/fixtures");
-    if built.is_dir() {
-        built
-    } else {
-        PathBuf::from("models/tests/fixtures")
-    }
-}
-
-fn read_wav(path: &Path) -> Result<Vec<f32>> {
-    let mut reader = hound::WavReader::open(path).with_context(|| path.display().to_string())?;
-    let spec = reader.spec();
-    ensure!(
-        spec.channels == 1 && spec.sample_rate == 16000 && spec.bits_per_sample == 16,
-        "{}: expected 16 kHz mono PCM16, got {spec:?}",
-        path.display()
-    );
-    reader
-        .samples::<i16>()
-        .map(|s| Ok(f32::from(s?) / 32768.0))
-        .collect()
-}
 
 /// NeMo's single-clip hypothesis and smallest recorded logit margin per clip.
 fn nemo_results(model: &str) -> Result<BTreeMap<String, (Hypothesis, f64)>> {

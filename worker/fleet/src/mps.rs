@@ -49,6 +49,11 @@ impl MpsConfig {
 }
 
 /// Environment of one worker of a group.
+///
+/// Without MPS the worker sees only its GPU (`CUDA_VISIBLE_DEVICES=N`). Under MPS it must not
+/// set `CUDA_VISIBLE_DEVICES` at all ([`WORKER_ENV_REMOVE_UNDER_MPS`]): the daemon was started with it, and
+/// its server remaps that GPU to ordinal 0 for its clients, so a client asking for `N > 0`
+/// finds no device (seen on a 2-GPU H200 host; NVIDIA's MPS guide says the same).
 pub fn worker_env(
     gpu: Option<u32>,
     instances: usize,
@@ -58,7 +63,9 @@ pub fn worker_env(
     let Some(gpu) = gpu else {
         return env;
     };
-    env.push(("CUDA_VISIBLE_DEVICES".into(), gpu.to_string()));
+    if mps.is_none() {
+        env.push(("CUDA_VISIBLE_DEVICES".into(), gpu.to_string()));
+    }
     if let Some(mps) = mps {
         let dirs = mps.dirs(gpu);
         env.push(("CUDA_MPS_PIPE_DIRECTORY".into(), path_str(&dirs.pipe)));
@@ -181,6 +188,9 @@ fn read_in_background(
     rx
 }
 
+/// Variables removed from an MPS worker's inherited environment (see [`worker_env`]).
+pub const WORKER_ENV_REMOVE_UNDER_MPS: &[&str] = &["CUDA_VISIBLE_DEVICES"];
+
 pub(crate) fn daemon_env(gpu: u32, dirs: &MpsDirs) -> Vec<(String, String)> {
     vec![
         ("CUDA_VISIBLE_DEVICES".into(), gpu.to_string()),
@@ -251,7 +261,8 @@ mod tests {
     #[test]
     fn worker_env_under_mps_defaults_to_an_equal_share() {
         let env = worker_env(Some(3), 4, Some(&mps(None)));
-        assert_eq!(get(&env, "CUDA_VISIBLE_DEVICES"), Some("3"));
+        // The daemon pins the GPU; its clients see it as their only device.
+        assert_eq!(get(&env, "CUDA_VISIBLE_DEVICES"), None);
         assert_eq!(
             get(&env, "CUDA_MPS_PIPE_DIRECTORY"),
             Some("/run/fleet/mps/gpu3")

@@ -200,7 +200,9 @@ mod tests {
         assert_eq!(pipe(&d1).as_deref(), Some("/run/f/mps/pipe/gpu1"));
         assert_eq!((pipe(&w0), pipe(&w1)), (pipe(&d0), pipe(&d1)));
         assert!(d1.contains(&("CUDA_VISIBLE_DEVICES".into(), "1".into())));
-        assert!(w1.contains(&("CUDA_VISIBLE_DEVICES".into(), "1".into())));
+        // Under MPS the daemon pins the GPU; a client setting CUDA_VISIBLE_DEVICES=1 would find
+        // no device (the server remaps GPU 1 to ordinal 0).
+        assert!(!w1.iter().any(|(k, _)| k == "CUDA_VISIBLE_DEVICES"));
         assert!(w0.contains(&("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), "25".into())));
     }
 

@@ -71,13 +71,7 @@ impl DecoderWeights {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let out_prefix =
-            tensors
-                .joint_output_prefix()
-                .ok_or_else(|| ModelError::MissingTensor {
-                    file: tensors.source.clone(),
-                    name: "joint.joint_net.<N>.weight".into(),
-                })?;
+        let out_prefix = tensors.require_joint_output_prefix()?;
         let durations: Vec<i32> = cfg
             .durations
             .iter()

@@ -190,3 +190,34 @@ pub fn check_close(
 pub fn to_f32(values: &[bf16]) -> Vec<f32> {
     values.iter().map(|v| v.to_f32()).collect()
 }
+
+/// The checked-in NeMo fixtures: `FIXTURES_DIR`, else `models/tests/fixtures` beside the crate,
+/// else under the current directory (device runs start in the repository root).
+pub fn fixtures() -> std::path::PathBuf {
+    if let Ok(dir) = std::env::var("FIXTURES_DIR") {
+        return std::path::PathBuf::from(dir);
+    }
+    let built =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/tests/fixtures");
+    if built.is_dir() {
+        built
+    } else {
+        std::path::PathBuf::from("models/tests/fixtures")
+    }
+}
+
+/// A 16 kHz mono PCM16 WAV as f32 samples in [-1, 1).
+pub fn read_wav(path: &std::path::Path) -> anyhow::Result<Vec<f32>> {
+    let mut reader =
+        hound::WavReader::open(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let spec = reader.spec();
+    anyhow::ensure!(
+        spec.channels == 1 && spec.sample_rate == 16000 && spec.bits_per_sample == 16,
+        "{}: expected 16 kHz mono PCM16, got {spec:?}",
+        path.display()
+    );
+    reader
+        .samples::<i16>()
+        .map(|s| Ok(f32::from(s?) / 32768.0))
+        .collect()
+}

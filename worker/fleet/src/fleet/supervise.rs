@@ -152,7 +152,13 @@ fn spawn_worker(shared: &Shared, slot: &Slot) -> std::io::Result<Child> {
     let cfg = &shared.config;
     let group = &cfg.groups[slot.group];
     let _ = std::fs::remove_file(&slot.socket);
-    Command::new(&cfg.worker_binary)
+    let mut command = Command::new(&cfg.worker_binary);
+    if group.mps.is_some() {
+        for name in mps::WORKER_ENV_REMOVE_UNDER_MPS {
+            command.env_remove(name);
+        }
+    }
+    command
         .arg("serve")
         .arg("--socket")
         .arg(&slot.socket)

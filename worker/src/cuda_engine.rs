@@ -1,0 +1,86 @@
+//! The native CUDA engine (`cuda-engine`'s [`GpuParakeet`]) behind the worker's [`Engine`]
+//! trait. It warms up (decoder graph captured, one full batch run) before the worker reports
+//! ready, and it never runs anywhere but its GPU.
+
+use std::path::Path;
+
+use cuda_engine::{DeviceProbe, GpuParakeet};
+use models::transcript::Hypothesis;
+use worker_protocol::{DeviceReport, ModelInfo, MpsReport};
+
+use crate::engine::{model_info, one_per_clip, Engine, EngineKind};
+use crate::error::WorkerError;
+
+/// The batch envelope the decoder's CUDA graph is captured for; larger batches run eagerly.
+#[derive(Debug, Clone, Copy)]
+pub struct CudaSettings {
+    pub device: usize,
+    pub graph_max_batch: usize,
+    pub graph_max_seconds: f64,
+}
+
+pub struct CudaEngine {
+    model: GpuParakeet,
+    path: String,
+    probe: DeviceProbe,
+}
+
+impl CudaEngine {
+    pub fn load(path: &Path, settings: CudaSettings) -> Result<Self, WorkerError> {
+        let model = GpuParakeet::load(path, settings.device).map_err(WorkerError::Cuda)?;
+        let probe = model.engine().probe().map_err(WorkerError::Cuda)?;
+        tracing::info!(device = %probe.summary(), "CUDA engine loaded");
+        model
+            .warm_up(settings.graph_max_batch, settings.graph_max_seconds)
+            .map_err(WorkerError::Cuda)?;
+        Ok(Self {
+            model,
+            path: path.display().to_string(),
+            probe,
+        })
+    }
+}
+
+/// The handshake's view of a probe.
+pub fn device_report(probe: &DeviceProbe) -> DeviceReport {
+    DeviceReport {
+        ordinal: probe.ordinal,
+        name: probe.name.clone(),
+        sm_count: probe.context_sm_count,
+        compute_capability: (
+            probe.compute_capability.0 as u32,
+            probe.compute_capability.1 as u32,
+        ),
+        memory_bytes: probe.total_memory_bytes,
+        mps: probe.mps_enabled.then(|| MpsReport {
+            // Without an explicit percentage an MPS client may use every SM.
+            active_thread_percentage: probe.mps_thread_percentage.unwrap_or(100),
+        }),
+    }
+}
+
+impl Engine for CudaEngine {
+    fn name(&self) -> &'static str {
+        EngineKind::Cuda.name()
+    }
+
+    fn model_info(&self) -> ModelInfo {
+        model_info(&self.path, self.model.vocabulary(), self.model.config())
+    }
+
+    fn device(&self) -> Option<DeviceReport> {
+        Some(device_report(&self.probe))
+    }
+
+    fn transcribe(&mut self, batch: &[&[f32]]) -> Result<Vec<Hypothesis>, WorkerError> {
+        let hyps = self
+            .model
+            .transcribe_batch(batch)
+            .map_err(WorkerError::Cuda)?;
+        one_per_clip(batch, hyps)
+    }
+
+    fn hop_samples(&self) -> usize {
+        self.model.config().features.hop_length_samples
+    }
+}
