@@ -11,7 +11,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{ensure, Context, Result};
 use common::{engine, fixtures, read_wav};
