@@ -211,3 +211,20 @@ fn several_files_out_dir_and_a_failure() -> Result<()> {
     ensure!(out == want, "stdout:\n{out}\nexpected:\n{want}");
     Ok(())
 }
+
+/// `--engine cuda` runs on the GPU or not at all: without one it fails with the reason, never
+/// falling back to the CPU. (On a GPU machine it must transcribe.)
+#[test]
+fn cuda_engine_needs_a_gpu() -> Result<()> {
+    let output = transcribe(&["--engine", "cuda"], &[clip("espeak_short")])?;
+    if cuda_engine::CudaEngine::new(0).is_ok() {
+        assert!(output.status.success(), "{output:?}");
+        assert!(!output.stdout.is_empty());
+    } else {
+        assert!(!output.status.success(), "must not fall back to the CPU");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("no CUDA device available"), "{stderr}");
+        assert!(output.stdout.is_empty(), "no transcript without the GPU");
+    }
+    Ok(())
+}
