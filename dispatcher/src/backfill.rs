@@ -1,8 +1,11 @@
 //! Re-enqueue a whole prefix (e.g. after a model update), skipping inputs whose result for
 //! the current model already exists. Listing is paginated; sends are batched and rate-limited.
+//! With a diarization model id the backfill is of diarized results: jobs ask for diarization
+//! and only a result under both models' id counts as done.
 
 use std::time::{Duration, Instant};
 
+use crate::diarizer::diarized_model_id;
 use crate::error::Result;
 use crate::job::{JobMessage, ObjectRef, Prefix};
 use crate::outputs::ResultLocation;
@@ -14,6 +17,8 @@ pub struct BackfillSettings {
     pub source: Prefix,
     pub output: Prefix,
     pub model_id: String,
+    /// Backfill diarized results of this diarization model (`None`: plain transcripts).
+    pub diarizer_model_id: Option<String>,
     /// Messages per second at most (0 = unlimited).
     pub max_messages_per_s: u32,
     /// Only look, do not send.
@@ -40,6 +45,11 @@ pub async fn backfill(
     let mut continuation = None;
     let started = Instant::now();
     let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let diarize = settings.diarizer_model_id.is_some();
+    let result_model_id = match &settings.diarizer_model_id {
+        Some(diarizer) => diarized_model_id(&settings.model_id, Some(diarizer)),
+        None => settings.model_id.clone(),
+    };
     loop {
         let page = store
             .list_page(
@@ -52,8 +62,7 @@ pub async fn backfill(
         for object in &page.objects {
             summary.listed += 1;
             let input = ObjectRef::new(&settings.source.bucket, &object.key);
-            let loc =
-                ResultLocation::new(&settings.output, &input, &object.etag, &settings.model_id);
+            let loc = ResultLocation::new(&settings.output, &input, &object.etag, &result_model_id);
             let done = store
                 .head(&ObjectRef::new(&loc.bucket, loc.manifest_key()))
                 .await?
@@ -68,6 +77,7 @@ pub async fn backfill(
             }
             let mut msg = JobMessage::new(format!("backfill-{run_id}-{}", summary.listed), &input);
             msg.output_prefix = Some(settings.output.uri());
+            msg.diarize = diarize;
             bodies.push(serde_json::to_string(&msg).expect("job message serializes (bug)"));
         }
         for chunk in bodies.chunks(10) {

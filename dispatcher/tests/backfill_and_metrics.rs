@@ -28,6 +28,7 @@ async fn backfill_skips_done_inputs(backend: Backend) {
         source: Prefix::parse_uri(&format!("s3://{}/bf/", backend.input_bucket)).expect("prefix"),
         output: backend.output.clone(),
         model_id: engine().model_id().to_owned(),
+        diarizer_model_id: None,
         max_messages_per_s: 1000,
         dry_run: false,
     };
@@ -52,6 +53,29 @@ async fn backfill_skips_done_inputs(backend: Backend) {
         .await
         .expect("backfill");
     assert_eq!((again.skipped_done, again.enqueued), (3, 0));
+
+    // Diarized results are another set: none exists yet, so all three are enqueued, and the
+    // jobs ask for diarization (this consumer has no diarizer: each ends as a typed failure
+    // under the diarized id, and the plain results stay as they were).
+    let diarized = BackfillSettings {
+        diarizer_model_id: Some("sortformer-test".into()),
+        ..bf.clone()
+    };
+    let report = backfill(
+        backend.store.as_ref(),
+        backend.queue.as_ref(),
+        &diarized,
+        |_| {},
+    )
+    .await
+    .expect("diarized backfill");
+    assert_eq!((report.skipped_done, report.enqueued), (0, 3), "{report:?}");
+    let summary = run_until_idle(&backend, engine(), &settings(&backend, |_| {})).await;
+    assert_eq!((summary.done, summary.failed), (0, 3), "{summary:?}");
+    let plain = backfill(backend.store.as_ref(), backend.queue.as_ref(), &bf, |_| {})
+        .await
+        .expect("backfill");
+    assert_eq!((plain.skipped_done, plain.enqueued), (3, 0));
 }
 both_backends!(backfill_skips_done_inputs, 3);
 

@@ -27,6 +27,16 @@ pub(crate) struct BackfillArgs {
     /// Or: derive the model id from the model file, as the dispatcher does.
     #[arg(long, env = "MODEL")]
     pub(crate) model: Option<PathBuf>,
+    /// Backfill diarized results (jobs ask for speaker diarization): results count as done
+    /// only under both models' id. Needs --diar-model-id or --diar-model.
+    #[arg(long)]
+    pub(crate) diarize: bool,
+    /// Diarization model id of the results that count as done (with --diarize).
+    #[arg(long, env = "DIAR_MODEL_ID")]
+    pub(crate) diar_model_id: Option<String>,
+    /// Or: derive it from the diarization model file, as the dispatcher does.
+    #[arg(long, env = "DIAR_MODEL")]
+    pub(crate) diar_model: Option<PathBuf>,
     /// SQS queue URL.
     #[arg(long, env = "QUEUE_URL", conflicts_with = "spool")]
     pub(crate) queue_url: Option<String>,
@@ -53,10 +63,17 @@ pub(crate) async fn run(args: BackfillArgs) -> anyhow::Result<()> {
         (None, Some(path)) => dispatcher::engine::model_id_for(path)?,
         (None, None) => anyhow::bail!("--model-id or --model is required"),
     };
+    let diarizer_model_id = match (args.diarize, &args.diar_model_id, &args.diar_model) {
+        (false, _, _) => None,
+        (true, Some(id), _) => Some(id.clone()),
+        (true, None, Some(path)) => Some(dispatcher::engine::model_id_for(path)?),
+        (true, None, None) => anyhow::bail!("--diarize needs --diar-model-id or --diar-model"),
+    };
     let settings = BackfillSettings {
         source: Prefix::parse_uri(&args.source)?,
         output: Prefix::parse_uri(&args.output_uri)?,
         model_id,
+        diarizer_model_id,
         max_messages_per_s: args.max_messages_per_s,
         dry_run: args.dry_run,
     };
