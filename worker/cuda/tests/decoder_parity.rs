@@ -14,24 +14,12 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{ensure, Context, Result};
-use common::{engine, fixtures, read_wav};
+use common::{engine, fixtures, read_wav, CLIPS, MODELS};
 use cuda_engine::{CudaEngine, DecoderEnvelope, EncoderOutput, GpuDecoder, GpuParakeet};
 use models::checkpoint::Checkpoint;
 use models::tdt::EncodedUtterance;
 use models::transcript::{DecodedToken, Hypothesis};
 use models::ParakeetModel;
-
-const MODELS: [&str; 2] = ["tdt-real-options", "tdt-local-attn"];
-const CLIPS: [&str; 8] = [
-    "audioeval_counting",
-    "audioeval_fox",
-    "espeak_gb_fast",
-    "espeak_short",
-    "espeak_us",
-    "long",
-    "noise",
-    "silence",
-];
 
 /// NeMo's single-clip hypothesis and smallest recorded logit margin per clip.
 fn nemo_results(model: &str) -> Result<BTreeMap<String, (Hypothesis, f64)>> {

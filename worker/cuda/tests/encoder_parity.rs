@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{ensure, Context, Result};
-use common::{engine, fixtures, read_wav};
+use common::{engine, fixtures, read_wav, CLIPS, MODELS};
 use cuda_engine::GpuEncoder;
 use models::checkpoint::Checkpoint;
 use models::tdt::EncodedUtterance;
@@ -23,17 +23,6 @@ use models::{Features, ParakeetModel};
 
 const MAX_REL_L2: f64 = 1e-2;
 const MODEL: &str = "tdt-real-options";
-const MODELS: [&str; 2] = ["tdt-real-options", "tdt-local-attn"];
-const CLIPS: [&str; 8] = [
-    "audioeval_counting",
-    "audioeval_fox",
-    "espeak_gb_fast",
-    "espeak_short",
-    "espeak_us",
-    "long",
-    "noise",
-    "silence",
-];
 
 /// `encoder/<clip>` of NeMo's recording, `[d_model, T_enc]`, transposed to `[T_enc, d_model]`.
 fn nemo_encoder_outputs(path: &Path) -> Result<BTreeMap<String, EncodedUtterance>> {

@@ -221,3 +221,17 @@ pub fn read_wav(path: &std::path::Path) -> anyhow::Result<Vec<f32>> {
         .map(|s| Ok(f32::from(s?) / 32768.0))
         .collect()
 }
+
+/// Both NeMo-made Parakeet fixtures: full `rel_pos` attention, and `rel_pos_local_attn`.
+pub const MODELS: [&str; 2] = ["tdt-real-options", "tdt-local-attn"];
+/// Every fixture clip (`models/tests/fixtures/clips/<name>.wav`).
+pub const CLIPS: [&str; 8] = [
+    "audioeval_counting",
+    "audioeval_fox",
+    "espeak_gb_fast",
+    "espeak_short",
+    "espeak_us",
+    "long",
+    "noise",
+    "silence",
+];
