@@ -148,6 +148,9 @@ fn take_down(shared: &Shared, state: &mut State, slot: usize, cause: RestartCaus
     }
 }
 
+/// Called only from the monitor thread: workers set `PR_SET_PDEATHSIG`, which Linux fires when
+/// the *thread* that forked them exits, and the monitor thread lives exactly as long as the
+/// fleet.
 fn spawn_worker(shared: &Shared, slot: &Slot) -> std::io::Result<Child> {
     let cfg = &shared.config;
     let group = &cfg.groups[slot.group];
