@@ -10,7 +10,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -18,7 +17,6 @@ use anyhow::Result;
 use common::{engine, fixtures, Rng};
 use cuda_engine::{DecoderEnvelope, EncoderOutput, GpuDecoder};
 use models::checkpoint::{Checkpoint, TensorMap};
-use models::tensor::Tensor;
 
 const D_MODEL: usize = 1024;
 const HIDDEN: usize = 640;
@@ -38,34 +36,7 @@ fn checkpoint(rng: &mut Rng) -> Result<Checkpoint> {
     config.decoder.durations = DURATIONS.to_vec();
     config.encoder.d_model = D_MODEL;
 
-    let mut map = BTreeMap::new();
-    let mut add = |name: &str, shape: &[usize], fan_in: usize| {
-        let n = shape.iter().product();
-        let std = 1.0 / (fan_in as f64).sqrt();
-        map.insert(
-            name.to_owned(),
-            Tensor::new(shape.to_vec(), rng.f32_vec(n, 0.0, std)),
-        );
-    };
-    add("decoder.prediction.embed.weight", &[VOCAB + 1, HIDDEN], 1);
-    for l in 0..2 {
-        let lstm = "decoder.prediction.dec_rnn.lstm";
-        for kind in ["ih", "hh"] {
-            add(
-                &format!("{lstm}.weight_{kind}_l{l}"),
-                &[4 * HIDDEN, HIDDEN],
-                HIDDEN,
-            );
-            add(&format!("{lstm}.bias_{kind}_l{l}"), &[4 * HIDDEN], HIDDEN);
-        }
-    }
-    add("joint.pred.weight", &[JOINT, HIDDEN], HIDDEN);
-    add("joint.pred.bias", &[JOINT], HIDDEN);
-    add("joint.enc.weight", &[JOINT, D_MODEL], D_MODEL);
-    add("joint.enc.bias", &[JOINT], D_MODEL);
-    let n_out = VOCAB + 1 + DURATIONS.len();
-    add("joint.joint_net.2.weight", &[n_out, JOINT], JOINT);
-    add("joint.joint_net.2.bias", &[n_out], JOINT);
+    let map = common::random_decoder_tensors(rng, &config.decoder, D_MODEL, 1.0, 0.0);
     Ok(Checkpoint {
         config,
         tensors: TensorMap::new(PathBuf::from("random decoder weights"), map),

@@ -215,59 +215,20 @@ fn random_decoder_checkpoint(
             map.insert(name.to_owned(), t.clone());
         }
     }
-    let d_model = base.config.encoder.d_model;
-    let durations = vec![0, 1, 2, 3, 4];
-    let n_out = vocab + 1 + durations.len();
-    let mut add = |name: String, shape: Vec<usize>, std: f64| {
-        let n = shape.iter().product();
-        map.insert(
-            name,
-            models::tensor::Tensor::new(shape, rng.f32_vec(n, 0.0, std)),
-        );
-    };
-    add(
-        "decoder.prediction.embed.weight".into(),
-        vec![vocab + 1, hidden],
-        1.0,
-    );
-    let lstm = "decoder.prediction.dec_rnn.lstm";
-    let h_std = 1.0 / (hidden as f64).sqrt();
-    for l in 0..layers {
-        for kind in ["ih", "hh"] {
-            add(
-                format!("{lstm}.weight_{kind}_l{l}"),
-                vec![4 * hidden, hidden],
-                h_std,
-            );
-            add(format!("{lstm}.bias_{kind}_l{l}"), vec![4 * hidden], h_std);
-        }
-    }
-    add("joint.pred.weight".into(), vec![joint, hidden], h_std);
-    add("joint.pred.bias".into(), vec![joint], h_std);
-    add(
-        "joint.enc.weight".into(),
-        vec![joint, d_model],
-        1.0 / (d_model as f64).sqrt(),
-    );
-    add("joint.enc.bias".into(), vec![joint], 0.1);
-    add(
-        "joint.joint_net.2.weight".into(),
-        vec![n_out, joint],
-        3.0 / (joint as f64).sqrt(),
-    );
-    let mut out_bias = rng.f32_vec(n_out, 0.0, 0.1);
-    out_bias[vocab] += 2.5;
-    map.insert(
-        "joint.joint_net.2.bias".into(),
-        models::tensor::Tensor::new(vec![n_out], out_bias),
-    );
     let mut config = base.config.clone();
     config.decoder.vocab_size = vocab;
     config.decoder.pred_hidden = hidden;
     config.decoder.pred_rnn_layers = layers;
     config.decoder.joint_hidden = joint;
-    config.decoder.durations = durations;
+    config.decoder.durations = vec![0, 1, 2, 3, 4];
     config.decoder.max_symbols_per_step = 3;
+    map.extend(common::random_decoder_tensors(
+        rng,
+        &config.decoder,
+        config.encoder.d_model,
+        3.0,
+        2.5,
+    ));
     Ok(Checkpoint {
         config,
         tensors: models::checkpoint::TensorMap::new(PathBuf::from("random decoder"), map),

@@ -235,3 +235,58 @@ pub const CLIPS: [&str; 8] = [
     "noise",
     "silence",
 ];
+
+/// Random prediction and joint networks for `cfg` under NeMo's key names, for a `d_model`-wide
+/// encoder: weights with std 1/sqrt(fan-in) (the joint's output layer times `out_gain`),
+/// embedding std 1, joint biases std 0.1, and `blank_bias` added to the blank logit's bias.
+pub fn random_decoder_tensors(
+    rng: &mut Rng,
+    cfg: &models::config::DecoderConfig,
+    d_model: usize,
+    out_gain: f64,
+    blank_bias: f32,
+) -> std::collections::BTreeMap<String, models::tensor::Tensor> {
+    let (vocab, hidden, joint) = (cfg.vocab_size, cfg.pred_hidden, cfg.joint_hidden);
+    let n_out = vocab + 1 + cfg.durations.len();
+    let mut map = std::collections::BTreeMap::new();
+    let mut add = |name: String, shape: Vec<usize>, std: f64| {
+        let n = shape.iter().product();
+        let values = rng.f32_vec(n, 0.0, std);
+        map.insert(name, models::tensor::Tensor::new(shape, values));
+    };
+    let h_std = 1.0 / (hidden as f64).sqrt();
+    let lstm = "decoder.prediction.dec_rnn.lstm";
+    add(
+        "decoder.prediction.embed.weight".into(),
+        vec![vocab + 1, hidden],
+        1.0,
+    );
+    for l in 0..cfg.pred_rnn_layers {
+        for kind in ["ih", "hh"] {
+            add(
+                format!("{lstm}.weight_{kind}_l{l}"),
+                vec![4 * hidden, hidden],
+                h_std,
+            );
+            add(format!("{lstm}.bias_{kind}_l{l}"), vec![4 * hidden], h_std);
+        }
+    }
+    add("joint.pred.weight".into(), vec![joint, hidden], h_std);
+    add("joint.pred.bias".into(), vec![joint], h_std);
+    add(
+        "joint.enc.weight".into(),
+        vec![joint, d_model],
+        1.0 / (d_model as f64).sqrt(),
+    );
+    add("joint.enc.bias".into(), vec![joint], 0.1);
+    add(
+        "joint.joint_net.2.weight".into(),
+        vec![n_out, joint],
+        out_gain / (joint as f64).sqrt(),
+    );
+    add("joint.joint_net.2.bias".into(), vec![n_out], 0.1);
+    if let Some(bias) = map.get_mut("joint.joint_net.2.bias") {
+        bias.data[vocab] += blank_bias;
+    }
+    map
+}
