@@ -105,13 +105,6 @@ impl CudaEngine {
         &self.ctx
     }
 
-    /// (free, total) device memory in bytes, as the driver reports it for the whole device.
-    pub fn memory_info(&self) -> Result<(usize, usize)> {
-        self.ctx
-            .mem_get_info()
-            .context(|| "reading device memory usage".into())
-    }
-
     /// The stream every operation of this engine runs on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream

@@ -83,9 +83,4 @@ impl GpuParakeet {
         let encoded = self.encoder.run(&self.engine, &input)?;
         self.decoder.decode(&self.engine, &encoded)
     }
-
-    /// Device bytes of the decoder's warm workspace.
-    pub fn decoder_workspace_bytes(&self) -> usize {
-        self.decoder.workspace_bytes()
-    }
 }

@@ -127,15 +127,6 @@ impl GpuDecoder {
         Ok(())
     }
 
-    /// Device bytes of the warm workspace (0 before warm-up).
-    pub fn workspace_bytes(&self) -> usize {
-        self.warm
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .as_ref()
-            .map_or(0, DecoderWorkspace::bytes)
-    }
-
     /// Decodes a batch of encoder outputs; one hypothesis per utterance, each equal to what the
     /// utterance gets alone.
     pub fn decode(&self, engine: &CudaEngine, enc: &EncoderOutput) -> Result<Vec<Hypothesis>> {

@@ -44,7 +44,8 @@ pub(crate) struct DecoderWorkspace {
     pub(crate) enc_rows: CudaSlice<i32>,
     pub(crate) tokens: CudaSlice<i32>,
     pub(crate) enc_proj: CudaSlice<f32>,
-    state: Vec<CudaSlice<f32>>,
+    /// Owns the f32 buffers `ptr` points into (h, c, h_new, c_new, pred_proj, logits).
+    _state: Vec<CudaSlice<f32>>,
     pub(crate) ptr: Pointers,
     /// Steps replayed per launch when the workspace was captured at warm-up.
     pub(crate) graph: Option<StepGraph>,
@@ -104,7 +105,7 @@ impl DecoderWorkspace {
             enc_rows,
             tokens,
             enc_proj,
-            state,
+            _state: state,
             ptr,
             graph: None,
         })
@@ -113,12 +114,5 @@ impl DecoderWorkspace {
     /// Whether a batch of `batch` utterances of at most `frames` encoder frames fits.
     pub(crate) fn fits(&self, batch: usize, frames: usize) -> bool {
         batch <= self.rows && frames <= self.max_frames
-    }
-
-    /// Device bytes held (for the memory report).
-    pub(crate) fn bytes(&self) -> usize {
-        self.state.iter().map(|s| s.len() * 4).sum::<usize>()
-            + (self.rs.len() + self.frames.len() + self.enc_rows.len() + self.tokens.len()) * 4
-            + self.enc_proj.len() * 4
     }
 }
