@@ -16,10 +16,11 @@ pub(crate) enum KernelModule {
     ResidualNorm,
     Attention,
     Decoder,
+    Features,
 }
 
 impl KernelModule {
-    pub(crate) const ALL: [KernelModule; 9] = [
+    pub(crate) const ALL: [KernelModule; 10] = [
         KernelModule::Convert,
         KernelModule::Activation,
         KernelModule::LayerNorm,
@@ -29,6 +30,7 @@ impl KernelModule {
         KernelModule::ResidualNorm,
         KernelModule::Attention,
         KernelModule::Decoder,
+        KernelModule::Features,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -42,6 +44,7 @@ impl KernelModule {
             KernelModule::ResidualNorm => "residual_norm",
             KernelModule::Attention => "attention",
             KernelModule::Decoder => "decoder",
+            KernelModule::Features => "features",
         }
     }
 
@@ -56,6 +59,7 @@ impl KernelModule {
             KernelModule::ResidualNorm => include_str!("../kernels/residual_norm.cu"),
             KernelModule::Attention => include_str!("../kernels/attention.cu"),
             KernelModule::Decoder => include_str!("../kernels/decoder.cu"),
+            KernelModule::Features => include_str!("../kernels/features.cu"),
         }
     }
 
@@ -92,10 +96,13 @@ pub(crate) enum Kernel {
     TdtPredProject,
     TdtJoint,
     TdtAdvance,
+    FeatureFrames,
+    PowerSpectrum,
+    LogMelNormalize,
 }
 
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 24] = [
+    pub(crate) const ALL: [Kernel; 27] = [
         Kernel::F32ToBf16,
         Kernel::Bf16ToF32,
         Kernel::Silu,
@@ -120,6 +127,9 @@ impl Kernel {
         Kernel::TdtPredProject,
         Kernel::TdtJoint,
         Kernel::TdtAdvance,
+        Kernel::FeatureFrames,
+        Kernel::PowerSpectrum,
+        Kernel::LogMelNormalize,
     ];
 
     /// The symbol in the compiled module.
@@ -149,6 +159,9 @@ impl Kernel {
             Kernel::TdtPredProject => "tdt_pred_project",
             Kernel::TdtJoint => "tdt_joint",
             Kernel::TdtAdvance => "tdt_advance",
+            Kernel::FeatureFrames => "feature_frames",
+            Kernel::PowerSpectrum => "power_spectrum",
+            Kernel::LogMelNormalize => "log_mel_normalize",
         }
     }
 
@@ -175,6 +188,9 @@ impl Kernel {
             | Kernel::TdtPredProject
             | Kernel::TdtJoint
             | Kernel::TdtAdvance => KernelModule::Decoder,
+            Kernel::FeatureFrames | Kernel::PowerSpectrum | Kernel::LogMelNormalize => {
+                KernelModule::Features
+            }
         }
     }
 }

@@ -14,18 +14,21 @@ mod decoder;
 mod device;
 mod encoder;
 mod error;
+mod features;
 mod fold;
 mod kernels;
 mod matmul;
 mod ops;
 mod parakeet;
 mod probe;
+mod sortformer;
 
 pub use cudarc::driver::CudaSlice;
 pub use decoder::{DecoderEnvelope, GpuDecoder, STEPS_PER_LAUNCH};
 pub use device::{check_cuda_libraries, CudaEngine};
 pub use encoder::{EncoderInput, EncoderOutput, GpuEncoder, StageTimes};
 pub use error::{CudaEngineError, Result};
+pub use features::{DeviceFeatures, FeatureLayout, GpuFeatures};
 pub use fold::{fold_batch_norm, BatchNorm, FoldedDepthwise};
 pub use half::bf16;
 pub use matmul::{BLayout, MatmulInput, MatmulOutput, MatmulSpec};
@@ -35,3 +38,4 @@ pub use ops::{
 };
 pub use parakeet::GpuParakeet;
 pub use probe::DeviceProbe;
+pub use sortformer::{GpuSortformer, GpuSpeakerNetwork};

@@ -1,0 +1,391 @@
+//! Log-mel features on the GPU, equal (to fp32 rounding) to `models::FeatureExtractor::compute`,
+//! so the host only decodes audio and uploads PCM.
+//!
+//! Pipeline for a batch of clips, packed one after another on the device:
+//! 1. `feature_frames`: preemphasis and centre padding, the window's span of every frame
+//!    (`[batch·time, win]`, zero rows past each clip's frames);
+//! 2. fp32 cuBLASLt matmul with the window-folded DFT basis (`[2·n_freq, win]`, built on the host
+//!    at load): the real and imaginary parts; `power_spectrum`: `|X|^mag_power`;
+//! 3. fp32 matmul with the mel filterbank; `log_mel_normalize`: `log(mel + guard)` and the
+//!    per-feature normalisation, written as the encoder's `[batch, time, n_mels]` input.
+//!
+//! Why a DFT matmul and not an FFT: no extra CUDA library (cuFFT) to load and ship, the matmul
+//! runs on the engine's stream like everything else, and at 400 × 514 per frame it is a few
+//! hundred MFLOP for a minute of audio. The fp32 compute type (never TF32) keeps it as accurate
+//! as the CPU's f32 FFT (the parity test measures both against each other).
+
+mod basis;
+mod launch;
+
+use std::sync::{Mutex, PoisonError};
+
+use cudarc::driver::CudaSlice;
+use models::checkpoint::Checkpoint;
+use models::config::{FeatureConfig, FeatureNormalization, StftPadding};
+use models::tensor::Tensor;
+use models::ModelError;
+
+use crate::device::CudaEngine;
+use crate::error::{CudaEngineError, DriverContext, Result};
+use crate::matmul::MatmulSpec;
+use crate::ops::check_len;
+use basis::{dft_basis, valid_frames, window_span};
+use launch::{Framing, LogMel};
+
+const FILTERBANK: &str = "preprocessor.featurizer.fb";
+const WINDOW: &str = "preprocessor.featurizer.window";
+
+/// The feature extractor's constants on one GPU, and its reusable intermediate buffers.
+pub struct GpuFeatures {
+    cfg: FeatureConfig,
+    n_freq: usize,
+    /// `[2·n_freq, win]` f32: the window-folded DFT (cosine rows, then sine rows).
+    basis: CudaSlice<f32>,
+    /// `[n_mels, n_freq]` f32.
+    filterbank: CudaSlice<f32>,
+    /// Intermediate buffers, grown to the largest batch seen and then reused.
+    workspace: Mutex<Option<Workspace>>,
+}
+
+/// The shape of a batch's features: `[batch, time, n_mels]`, `time` the longest clip's frames.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FeatureLayout {
+    pub batch: usize,
+    pub time: usize,
+    pub n_mels: usize,
+    /// Valid frames per clip; frames past them are zero.
+    pub frames: Vec<usize>,
+}
+
+impl FeatureLayout {
+    /// Elements of the `[batch, time, n_mels]` buffer.
+    pub fn elements(&self) -> usize {
+        self.batch * self.time * self.n_mels
+    }
+}
+
+/// A batch's features on the device.
+pub struct DeviceFeatures {
+    /// `[batch, time, n_mels]` f32 (at least one element, so an empty batch has a buffer too).
+    pub data: CudaSlice<f32>,
+    pub layout: FeatureLayout,
+}
+
+impl GpuFeatures {
+    /// The extractor a checkpoint describes, from its stored filterbank and window (the same
+    /// source `FeatureExtractor::from_checkpoint` prefers).
+    pub fn from_checkpoint(engine: &CudaEngine, ckpt: &Checkpoint) -> Result<Self> {
+        let cfg = &ckpt.config.features;
+        let n_freq = cfg.n_fft / 2 + 1;
+        let tensors = &ckpt.tensors;
+        let filterbank = tensors.get_optional(FILTERBANK, &[1, cfg.n_mels, n_freq])?;
+        let window = tensors.get_optional(WINDOW, &[cfg.win_length_samples])?;
+        match (filterbank, window) {
+            (Some(filterbank), Some(window)) => Self::new(engine, cfg, filterbank, window),
+            _ => Err(ModelError::UnsupportedConfig {
+                file: tensors.source.clone(),
+                key: format!("{FILTERBANK} / {WINDOW}"),
+                value: "absent (GPU features need the checkpoint's stored filterbank and \
+                        window; the CPU FeatureExtractor can compute them)"
+                    .into(),
+            }
+            .into()),
+        }
+    }
+
+    /// `filterbank` is `[1, n_mels, n_fft/2+1]` or `[n_mels, n_fft/2+1]`, `window` is
+    /// `[win_length]` (zero-padded and centred in `n_fft`, as torch.stft does).
+    pub fn new(
+        engine: &CudaEngine,
+        cfg: &FeatureConfig,
+        filterbank: &Tensor,
+        window: &Tensor,
+    ) -> Result<Self> {
+        let invalid = |key: &str, problem: String| {
+            CudaEngineError::from(ModelError::InvalidConfig {
+                file: "preprocessor".into(),
+                key: key.to_owned(),
+                problem,
+            })
+        };
+        let (n_fft, win) = (cfg.n_fft, cfg.win_length_samples);
+        if n_fft == 0 || win == 0 || win > n_fft || cfg.hop_length_samples == 0 || cfg.n_mels == 0 {
+            return Err(invalid(
+                "n_fft/window_size/window_stride/features",
+                format!(
+                    "n_fft {n_fft}, window {win}, hop {}, mels {} cannot form an STFT",
+                    cfg.hop_length_samples, cfg.n_mels
+                ),
+            ));
+        }
+        let n_freq = n_fft / 2 + 1;
+        if filterbank.shape != [1, cfg.n_mels, n_freq] && filterbank.shape != [cfg.n_mels, n_freq] {
+            return Err(invalid(
+                FILTERBANK,
+                format!(
+                    "shape {:?}, expected [1, {}, {n_freq}]",
+                    filterbank.shape, cfg.n_mels
+                ),
+            ));
+        }
+        if window.shape != [win] {
+            return Err(invalid(
+                WINDOW,
+                format!("shape {:?}, expected [{win}]", window.shape),
+            ));
+        }
+        // Every variant of the config is implemented; a new one must be added here (and in the
+        // kernel) before this compiles.
+        match cfg.normalization {
+            FeatureNormalization::PerFeature | FeatureNormalization::None => {}
+        }
+        let (offset, _) = window_span(cfg);
+        let basis = dft_basis(n_fft, offset, &window.data);
+        Ok(Self {
+            cfg: cfg.clone(),
+            n_freq,
+            basis: engine.upload(&basis)?,
+            filterbank: engine.upload(&filterbank.data)?,
+            workspace: Mutex::new(None),
+        })
+    }
+
+    pub fn config(&self) -> &FeatureConfig {
+        &self.cfg
+    }
+
+    pub fn n_mels(&self) -> usize {
+        self.cfg.n_mels
+    }
+
+    /// The layout `compute` produces for clips of these sample counts.
+    pub fn layout(&self, samples: impl IntoIterator<Item = usize>) -> FeatureLayout {
+        let frames: Vec<usize> = samples
+            .into_iter()
+            .map(|n| valid_frames(&self.cfg, n))
+            .collect();
+        FeatureLayout {
+            batch: frames.len(),
+            time: frames.iter().copied().max().unwrap_or(0),
+            n_mels: self.cfg.n_mels,
+            frames,
+        }
+    }
+
+    /// Features of a batch of 16 kHz mono clips into a new device buffer (ordered on the
+    /// engine's stream; nothing waits for the GPU).
+    pub fn compute(&self, engine: &CudaEngine, pcm: &[&[f32]]) -> Result<DeviceFeatures> {
+        let layout = self.layout(pcm.iter().map(|clip| clip.len()));
+        // CUDA refuses 0-byte allocations; an empty batch still gets a (never read) element.
+        let mut data = engine
+            .stream()
+            .alloc_zeros::<f32>(layout.elements().max(1))
+            .context(|| format!("allocating features {layout:?}"))?;
+        self.compute_into(engine, pcm, &mut data)?;
+        Ok(DeviceFeatures { data, layout })
+    }
+
+    /// [`GpuFeatures::compute`] into `out` (at least [`FeatureLayout::elements`] long; only that
+    /// prefix is written). Every element of the prefix is written, padding included.
+    pub fn compute_into(
+        &self,
+        engine: &CudaEngine,
+        pcm: &[&[f32]],
+        out: &mut CudaSlice<f32>,
+    ) -> Result<FeatureLayout> {
+        const OP: &str = "GpuFeatures::compute";
+        let layout = self.layout(pcm.iter().map(|clip| clip.len()));
+        check_len(OP, "out", out.len(), layout.elements())?;
+        if layout.elements() == 0 {
+            return Ok(layout);
+        }
+        let cfg = &self.cfg;
+        let (offset, win) = window_span(cfg);
+        let rows = layout.batch * layout.time;
+        let total_samples: usize = pcm.iter().map(|clip| clip.len()).sum();
+        let need = WorkspaceSize {
+            samples: total_samples.max(1),
+            clips: 3 * layout.batch,
+            frames: rows * win,
+            spectrum: rows * 2 * self.n_freq,
+            power: rows * self.n_freq,
+            mel: rows * cfg.n_mels,
+        };
+
+        let mut cached = self
+            .workspace
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let size = match cached.as_ref() {
+            Some(ws) if ws.size.holds(&need) => None,
+            Some(ws) => Some(ws.size.max(&need)),
+            None => Some(need),
+        };
+        if let Some(size) = size {
+            // Free the old buffers before allocating the larger ones.
+            *cached = None;
+            *cached = Some(Workspace::new(engine, size)?);
+        }
+        let ws = cached.as_mut().expect("workspace was just set (bug)");
+
+        // Upload: each clip straight into its place (no host-side concatenation), then the
+        // table of starts, sample counts and valid frame counts.
+        let mut table = vec![0i64; 3 * layout.batch];
+        let mut start = 0usize;
+        for (b, clip) in pcm.iter().enumerate() {
+            table[b] = start as i64;
+            table[layout.batch + b] = clip.len() as i64;
+            table[2 * layout.batch + b] = layout.frames[b] as i64;
+            if !clip.is_empty() {
+                let mut view = ws.pcm.slice_mut(start..start + clip.len());
+                engine
+                    .stream()
+                    .memcpy_htod(*clip, &mut view)
+                    .context(|| format!("uploading clip {b} ({} samples)", clip.len()))?;
+            }
+            start += clip.len();
+        }
+        engine.upload_into(&table, &mut ws.clips)?;
+
+        let framing = Framing {
+            batch: layout.batch,
+            time: layout.time,
+            win,
+            hop: cfg.hop_length_samples,
+            first: offset as isize - (cfg.n_fft / 2) as isize,
+            preemphasis: cfg.preemphasis,
+            reflect: match cfg.stft_padding {
+                StftPadding::Reflect => true,
+                StftPadding::Zeros => false,
+            },
+        };
+        engine.feature_frames(&ws.pcm, &ws.clips, framing, &mut ws.frames)?;
+        let dft = MatmulSpec::linear(rows, win, 2 * self.n_freq);
+        engine.matmul::<f32, f32>(&dft, &ws.frames, &self.basis, None, &mut ws.spectrum)?;
+        engine.power_spectrum(
+            &ws.spectrum,
+            (rows, self.n_freq),
+            cfg.mag_power,
+            &mut ws.power,
+        )?;
+        let mel = MatmulSpec::linear(rows, self.n_freq, cfg.n_mels);
+        engine.matmul::<f32, f32>(&mel, &ws.power, &self.filterbank, None, &mut ws.mel)?;
+        let log_mel = LogMel {
+            batch: layout.batch,
+            time: layout.time,
+            n_mels: cfg.n_mels,
+            guard: cfg.log_zero_guard,
+            normalize: match cfg.normalization {
+                FeatureNormalization::PerFeature => true,
+                FeatureNormalization::None => false,
+            },
+        };
+        engine.log_mel_normalize(&ws.mel, &ws.clips, log_mel, out)?;
+        Ok(layout)
+    }
+}
+
+/// Element counts of the intermediate buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct WorkspaceSize {
+    samples: usize,
+    clips: usize,
+    frames: usize,
+    spectrum: usize,
+    power: usize,
+    mel: usize,
+}
+
+impl WorkspaceSize {
+    fn fields(&self) -> [usize; 6] {
+        [
+            self.samples,
+            self.clips,
+            self.frames,
+            self.spectrum,
+            self.power,
+            self.mel,
+        ]
+    }
+
+    fn holds(&self, need: &Self) -> bool {
+        self.fields()
+            .iter()
+            .zip(need.fields())
+            .all(|(have, need)| *have >= need)
+    }
+
+    /// Large enough for both, so alternating shapes do not reallocate every time.
+    fn max(&self, other: &Self) -> Self {
+        Self {
+            samples: self.samples.max(other.samples),
+            clips: self.clips.max(other.clips),
+            frames: self.frames.max(other.frames),
+            spectrum: self.spectrum.max(other.spectrum),
+            power: self.power.max(other.power),
+            mel: self.mel.max(other.mel),
+        }
+    }
+}
+
+struct Workspace {
+    size: WorkspaceSize,
+    /// The batch's clips, packed.
+    pcm: CudaSlice<f32>,
+    /// `[starts; samples; valid frames]`, `3·batch`.
+    clips: CudaSlice<i64>,
+    /// `[rows, win]`.
+    frames: CudaSlice<f32>,
+    /// `[rows, 2·n_freq]`.
+    spectrum: CudaSlice<f32>,
+    /// `[rows, n_freq]`.
+    power: CudaSlice<f32>,
+    /// `[rows, n_mels]`.
+    mel: CudaSlice<f32>,
+}
+
+impl Workspace {
+    fn new(engine: &CudaEngine, size: WorkspaceSize) -> Result<Self> {
+        Ok(Self {
+            size,
+            pcm: engine.zeros(size.samples)?,
+            clips: engine.zeros(size.clips.max(1))?,
+            frames: engine.zeros(size.frames.max(1))?,
+            spectrum: engine.zeros(size.spectrum.max(1))?,
+            power: engine.zeros(size.power.max(1))?,
+            mel: engine.zeros(size.mel.max(1))?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_features_can_be_shared_between_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<GpuFeatures>();
+    }
+
+    #[test]
+    fn workspace_grows_to_hold_both_shapes() {
+        let a = WorkspaceSize {
+            samples: 10,
+            clips: 3,
+            frames: 5,
+            spectrum: 7,
+            power: 1,
+            mel: 9,
+        };
+        let b = WorkspaceSize {
+            samples: 4,
+            clips: 6,
+            ..a
+        };
+        assert!(!a.holds(&b));
+        let both = a.max(&b);
+        assert!(both.holds(&a) && both.holds(&b));
+        assert_eq!((both.samples, both.clips), (10, 6));
+    }
+}
