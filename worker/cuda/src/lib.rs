@@ -21,7 +21,6 @@ mod matmul;
 mod ops;
 mod parakeet;
 mod probe;
-mod sortformer;
 
 pub use cudarc::driver::CudaSlice;
 pub use decoder::{DecoderEnvelope, GpuDecoder, STEPS_PER_LAUNCH};
@@ -38,4 +37,3 @@ pub use ops::{
 };
 pub use parakeet::GpuParakeet;
 pub use probe::DeviceProbe;
-pub use sortformer::{GpuSortformer, GpuSpeakerNetwork};
