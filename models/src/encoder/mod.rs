@@ -79,10 +79,6 @@ impl Encoder {
         })
     }
 
-    pub(crate) fn d_model(&self) -> usize {
-        self.cfg.d_model
-    }
-
     /// Subsampling only (NeMo `encoder.pre_encode`): `features` `[n_mels, T]`, already checked
     /// against `feat_in`, to `([T', d_model], T')`. Streaming Sortformer caches these embeddings.
     pub(crate) fn pre_encode_frames(&self, features: &Features) -> (Vec<f32>, usize) {

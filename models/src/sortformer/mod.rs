@@ -62,6 +62,55 @@ pub struct ChunkSpan {
     pub right_context: usize,
 }
 
+/// The neural network of one streaming step, apart from the streaming state: the CPU f32
+/// reference here ([`CpuSpeakerNetwork`]), a GPU one in `cuda-engine`. Everything else (chunking,
+/// features, the speaker cache and FIFO, post-processing) is [`Sortformer`]'s, written once.
+pub trait SpeakerNetwork {
+    type Error: From<ModelError>;
+
+    /// Subsampling only (NeMo `encoder.pre_encode`): a chunk's `[n_mels, frames]` features
+    /// (already checked against the encoder's `feat_in`) to `([frames', d_model], frames')`.
+    fn pre_encode(&self, features: &Features) -> Result<(Vec<f32>, usize), Self::Error>;
+
+    /// `[frames, d_model]` pre-encoded embeddings (`[spkcache; fifo; chunk]`) through the
+    /// conformer layers, the projection, the transformer and the speaker head:
+    /// `[frames, num_speakers]` probabilities.
+    fn speaker_probabilities(
+        &self,
+        pre_encoded: Vec<f32>,
+        frames: usize,
+    ) -> Result<Vec<f32>, Self::Error>;
+}
+
+/// The f32 CPU network.
+#[derive(Debug)]
+pub struct CpuSpeakerNetwork {
+    encoder: Encoder,
+    head: SpeakerHead,
+}
+
+impl CpuSpeakerNetwork {
+    pub fn load(tensors: &TensorMap, config: &SortformerConfig) -> Result<Self, ModelError> {
+        Ok(Self {
+            encoder: Encoder::load(tensors, &config.encoder)?,
+            head: SpeakerHead::load(tensors, config)?,
+        })
+    }
+}
+
+impl SpeakerNetwork for CpuSpeakerNetwork {
+    type Error = ModelError;
+
+    fn pre_encode(&self, features: &Features) -> Result<(Vec<f32>, usize), ModelError> {
+        Ok(self.encoder.pre_encode_frames(features))
+    }
+
+    fn speaker_probabilities(&self, x: Vec<f32>, frames: usize) -> Result<Vec<f32>, ModelError> {
+        let encoded = self.encoder.forward_pre_encoded(x, frames);
+        Ok(self.head.forward(encoded, frames))
+    }
+}
+
 /// What a streaming step produced: the chunk's probabilities and the state after the update.
 #[derive(Debug)]
 pub struct StepOutput<'a> {
@@ -72,12 +121,15 @@ pub struct StepOutput<'a> {
     pub state: &'a StreamingState,
 }
 
+/// Streaming Sortformer on the CPU.
+pub type SortformerModel = Sortformer<CpuSpeakerNetwork>;
+
+/// Streaming Sortformer with the network `N`.
 #[derive(Debug)]
-pub struct SortformerModel {
+pub struct Sortformer<N> {
     config: SortformerConfig,
     features: FeatureExtractor,
-    encoder: Encoder,
-    head: SpeakerHead,
+    network: N,
     post_processing: PostProcessing,
 }
 
@@ -88,6 +140,19 @@ impl SortformerModel {
     }
 
     pub fn from_checkpoint(ckpt: &SortformerCheckpoint) -> Result<Self, ModelError> {
+        Self::with_network(ckpt, |config| {
+            CpuSpeakerNetwork::load(&ckpt.tensors, config)
+        })
+    }
+}
+
+impl<N: SpeakerNetwork> Sortformer<N> {
+    /// Resolves and checks the checkpoint's config and feature extractor, then builds the
+    /// network from the resolved config.
+    pub fn with_network(
+        ckpt: &SortformerCheckpoint,
+        network: impl FnOnce(&SortformerConfig) -> Result<N, N::Error>,
+    ) -> Result<Self, N::Error> {
         let mut config = ckpt.config.clone();
         let tensors = &ckpt.tensors;
         if config.features.normalization != FeatureNormalization::None {
@@ -116,15 +181,17 @@ impl SortformerModel {
         let window =
             tensors.get_optional("preprocessor.featurizer.window", &[f.win_length_samples])?;
         let features = FeatureExtractor::new(f, fb, window)?;
-        let encoder = Encoder::load(tensors, &config.encoder)?;
-        let head = SpeakerHead::load(tensors, &config)?;
+        let network = network(&config)?;
         Ok(Self {
             config,
             features,
-            encoder,
-            head,
+            network,
             post_processing: PostProcessing::default(),
         })
+    }
+
+    pub fn network(&self) -> &N {
+        &self.network
     }
 
     pub fn config(&self) -> &SortformerConfig {
@@ -162,7 +229,7 @@ impl SortformerModel {
 
     /// Streaming diarization of a whole 16 kHz mono recording in bounded memory,
     /// post-processed with [`Self::post_processing`]; segments sorted by start, then speaker.
-    pub fn diarize(&self, pcm_16k: &[f32]) -> Result<Vec<SpeakerSegment>, ModelError> {
+    pub fn diarize(&self, pcm_16k: &[f32]) -> Result<Vec<SpeakerSegment>, N::Error> {
         let probs = self.probabilities(pcm_16k)?;
         Ok(self.segments(&probs))
     }
@@ -172,7 +239,7 @@ impl SortformerModel {
         &self,
         pcm_16k: &[f32],
         post_processing: &PostProcessing,
-    ) -> Result<Vec<SpeakerSegment>, ModelError> {
+    ) -> Result<Vec<SpeakerSegment>, N::Error> {
         let probs = self.probabilities(pcm_16k)?;
         Ok(self.segments_with(&probs, post_processing))
     }
@@ -197,7 +264,7 @@ impl SortformerModel {
     }
 
     /// Streaming speaker probabilities of the whole recording, `[frames, num_speakers]`.
-    pub fn probabilities(&self, pcm_16k: &[f32]) -> Result<Vec<f32>, ModelError> {
+    pub fn probabilities(&self, pcm_16k: &[f32]) -> Result<Vec<f32>, N::Error> {
         self.probabilities_with(pcm_16k, |_| {})
     }
 
@@ -206,12 +273,13 @@ impl SortformerModel {
         &self,
         pcm_16k: &[f32],
         mut on_step: impl FnMut(&StepOutput<'_>),
-    ) -> Result<Vec<f32>, ModelError> {
+    ) -> Result<Vec<f32>, N::Error> {
         if let Some(i) = pcm_16k.iter().position(|v| !v.is_finite()) {
             return Err(ModelError::Decode(format!(
                 "sample {i} of the recording is {} (not a finite number)",
                 pcm_16k[i]
-            )));
+            ))
+            .into());
         }
         let normalized;
         let pcm = if self.config.streaming_mode {
@@ -223,8 +291,8 @@ impl SortformerModel {
             normalized = pcm_16k.iter().map(|v| v * gain).collect::<Vec<_>>();
             &normalized
         };
-        let total_frames = self.features.valid_frames(pcm.len());
-        let mut state = StreamingState::new(self.encoder.d_model(), self.config.num_speakers);
+        let total_frames = self.valid_feature_frames(pcm.len());
+        let mut state = StreamingState::new(self.config.encoder.d_model, self.config.num_speakers);
         let mut probs = Vec::new();
         for (index, span) in self.chunk_spans(total_frames).into_iter().enumerate() {
             let features = self.feature_frames(pcm, span.first_frame, span.last_frame);
@@ -239,6 +307,11 @@ impl SortformerModel {
             probs.extend_from_slice(&chunk_probs);
         }
         Ok(probs)
+    }
+
+    /// Feature frames (10 ms) of a recording of `samples` samples.
+    pub fn valid_feature_frames(&self, samples: usize) -> usize {
+        self.features.valid_frames(samples)
     }
 
     /// NeMo's `streaming_feat_loader`: chunks of `chunk_len` diarization frames, each with up to
@@ -271,7 +344,7 @@ impl SortformerModel {
         chunk_features: &Features,
         left_context: usize,
         right_context: usize,
-    ) -> Result<Vec<f32>, ModelError> {
+    ) -> Result<Vec<f32>, N::Error> {
         let e = &self.config.encoder;
         if chunk_features.n_mels != e.feat_in
             || chunk_features.data.len() != chunk_features.n_mels * chunk_features.n_frames
@@ -279,7 +352,8 @@ impl SortformerModel {
             return Err(ModelError::Decode(format!(
                 "chunk features of {} mels x {} frames do not fit an encoder with {} inputs",
                 chunk_features.n_mels, chunk_features.n_frames, e.feat_in
-            )));
+            ))
+            .into());
         }
         if state.dim != e.d_model
             || state.num_speakers != self.config.num_speakers
@@ -293,19 +367,36 @@ impl SortformerModel {
                 state.is_consistent(),
                 e.d_model,
                 self.config.num_speakers
-            )));
+            ))
+            .into());
         }
-        let (chunk, n_pre) = self.encoder.pre_encode_frames(chunk_features);
+        let (chunk, n_pre) = self.network.pre_encode(chunk_features)?;
+        if chunk.len() != n_pre * e.d_model {
+            return Err(ModelError::Decode(format!(
+                "the network pre-encoded {} values for {n_pre} frames of width {}",
+                chunk.len(),
+                e.d_model
+            ))
+            .into());
+        }
         if left_context + right_context > n_pre {
             return Err(ModelError::Decode(format!(
                 "{left_context} + {right_context} context frames exceed the chunk's {n_pre}"
-            )));
+            ))
+            .into());
         }
         let mut x = state.context();
         x.extend_from_slice(&chunk);
         let t = state.spkcache_frames() + state.fifo_frames() + n_pre;
-        let encoded = self.encoder.forward_pre_encoded(x, t);
-        let preds = self.head.forward(encoded, t);
+        let preds = self.network.speaker_probabilities(x, t)?;
+        if preds.len() != t * self.config.num_speakers {
+            return Err(ModelError::Decode(format!(
+                "the network gave {} probabilities for {t} frames of {} speakers",
+                preds.len(),
+                self.config.num_speakers
+            ))
+            .into());
+        }
         Ok(state.update(
             &self.config.streaming,
             &chunk,

@@ -21,6 +21,7 @@ mod matmul;
 mod ops;
 mod parakeet;
 mod probe;
+mod sortformer;
 
 pub use cudarc::driver::CudaSlice;
 pub use decoder::{DecoderEnvelope, GpuDecoder, STEPS_PER_LAUNCH};
@@ -37,3 +38,4 @@ pub use ops::{
 };
 pub use parakeet::GpuParakeet;
 pub use probe::DeviceProbe;
+pub use sortformer::{GpuSortformer, GpuSpeakerNetwork};

@@ -10,10 +10,10 @@ mod layer;
 mod pos_table;
 mod profile;
 mod subsampling;
-mod weights;
+pub(crate) mod weights;
 mod workspace;
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use cudarc::driver::CudaSlice;
 use models::checkpoint::{Checkpoint, TensorMap};
@@ -29,7 +29,7 @@ use layer::ConformerLayer;
 pub use profile::StageTimes;
 use profile::{lap, Laps, Stage};
 use subsampling::{StageLengths, Subsampling};
-use workspace::{Workspace, WorkspaceSize};
+use workspace::{Workspace, WorkspaceKey, WorkspaceSize};
 
 /// Encoder weights on one GPU, converted once from a checkpoint.
 pub struct GpuEncoder {
@@ -38,6 +38,17 @@ pub struct GpuEncoder {
     layers: Vec<ConformerLayer>,
     /// The last pass's buffers, reused while the padded shape stays the same.
     workspace: Mutex<Option<Workspace>>,
+    /// [`GpuEncoder::pre_encode`]'s buffers, kept apart so that streaming (pre-encode a chunk,
+    /// then run the layers on a longer sequence) does not resize the main workspace every step.
+    pre_encode_workspace: Mutex<Option<PreEncodeWorkspace>>,
+}
+
+struct PreEncodeWorkspace {
+    /// Feature frames this was sized for.
+    frames: usize,
+    a: CudaSlice<half::bf16>,
+    b: CudaSlice<half::bf16>,
+    x: CudaSlice<f32>,
 }
 
 /// A batch of features on the device: `[batch, time, feat_in]` f32, zero-padded.
@@ -98,6 +109,7 @@ impl GpuEncoder {
             subsampling: Subsampling::load(engine, tensors, cfg)?,
             layers,
             workspace: Mutex::new(None),
+            pre_encode_workspace: Mutex::new(None),
         })
     }
 
@@ -191,22 +203,17 @@ impl GpuEncoder {
             head_dim: d / self.cfg.n_heads,
         };
         let size = WorkspaceSize {
-            key: (input.batch, input.time),
+            key: WorkspaceKey::Features {
+                batch: input.batch,
+                frames: input.time,
+            },
             attention: self.cfg.attention,
             shape,
             ff_hidden: self.cfg.ff_hidden,
             subsampling_elements: self.subsampling.scratch_elements(input.batch, input.time),
         };
-        let mut cached = self
-            .workspace
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if cached.as_ref().is_none_or(|ws| ws.key != size.key) {
-            // Free the old buffers before sizing new ones.
-            *cached = None;
-            *cached = Some(Workspace::new(engine, &size)?);
-        }
-        let ws = cached.as_mut().expect("workspace was just set (bug)");
+        let mut cached = self.lock_workspace(engine, &size)?;
+        let ws = cached.as_mut().expect("workspace was just sized (bug)");
         ws.lengths = input
             .lengths
             .device
@@ -222,20 +229,152 @@ impl GpuEncoder {
             &mut ws.x,
         )?;
         lap(laps, engine, Stage::Subsampling)?;
-        for layer in &self.layers {
-            layer.forward(engine, ws, laps)?;
-        }
-        // A copy, so the cached workspace can serve the next pass (ordered on the same stream).
-        let x = engine
-            .stream()
-            .clone_dtod(&ws.x)
-            .context(|| "copying the encoder output".into())?;
+        let x = self.layers_forward(engine, ws, laps)?;
         Ok(EncoderOutput {
             x,
             batch: input.batch,
             time,
             d_model: d,
             frames,
+        })
+    }
+
+    /// The cached workspace, first resized if it was sized for another shape.
+    fn lock_workspace(
+        &self,
+        engine: &CudaEngine,
+        size: &WorkspaceSize,
+    ) -> Result<MutexGuard<'_, Option<Workspace>>> {
+        let mut cached = self
+            .workspace
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if cached.as_ref().is_none_or(|ws| ws.key != size.key) {
+            // Free the old buffers before sizing new ones.
+            *cached = None;
+            *cached = Some(Workspace::new(engine, size)?);
+        }
+        Ok(cached)
+    }
+
+    /// The conformer layers over `ws.x` (lengths set); returns a copy of the result, so the
+    /// cached workspace can serve the next pass (ordered on the same stream).
+    fn layers_forward(
+        &self,
+        engine: &CudaEngine,
+        ws: &mut Workspace,
+        laps: &mut Option<Laps>,
+    ) -> Result<CudaSlice<f32>> {
+        for layer in &self.layers {
+            layer.forward(engine, ws, laps)?;
+        }
+        engine
+            .stream()
+            .clone_dtod(&ws.x)
+            .context(|| "copying the encoder output".into())
+    }
+
+    /// Subsampling only (NeMo `encoder.pre_encode`) of one utterance's `[n_mels, frames]`
+    /// features: `([frames', d_model], frames')` on the host, before x-scaling (what Streaming
+    /// Sortformer caches). Waits for the stream.
+    pub fn pre_encode(
+        &self,
+        engine: &CudaEngine,
+        features: &Features,
+    ) -> Result<(Vec<f32>, usize)> {
+        let input = self.prepare(engine, &[features])?;
+        let time = self.subsampling.out_time(input.time);
+        if time == 0 {
+            return Ok((Vec::new(), 0));
+        }
+        let mut cached = self
+            .pre_encode_workspace
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if cached.as_ref().is_none_or(|w| w.frames != input.time) {
+            *cached = None;
+            let elements = self.subsampling.scratch_elements(1, input.time);
+            *cached = Some(PreEncodeWorkspace {
+                frames: input.time,
+                a: engine.zeros(elements)?,
+                b: engine.zeros(elements)?,
+                x: engine.zeros(time * self.cfg.d_model)?,
+            });
+        }
+        let ws = cached
+            .as_mut()
+            .expect("pre-encode workspace was just sized (bug)");
+        self.subsampling.forward(
+            engine,
+            &input.features,
+            &input.lengths,
+            (1, input.time),
+            (&mut ws.a, &mut ws.b),
+            &mut ws.x,
+        )?;
+        let mut host = engine.download(&ws.x)?;
+        // x-scaling is folded into the subsampling's output layer; undo it here (the layers'
+        // entry point applies it again), so the cache holds NeMo's unscaled embeddings.
+        let scale = self.subsampling.xscale();
+        if scale != 1.0 {
+            host.iter_mut().for_each(|v| *v /= scale);
+        }
+        Ok((host, time))
+    }
+
+    /// Everything after subsampling (NeMo `bypass_pre_encode=True`) on one utterance of `frames`
+    /// pre-encoded, unscaled embeddings `[frames, d_model]` from the host: x-scaling, then the
+    /// conformer layers. Nothing waits for the GPU.
+    pub fn forward_pre_encoded(
+        &self,
+        engine: &CudaEngine,
+        pre_encoded: &[f32],
+        frames: usize,
+    ) -> Result<EncoderOutput> {
+        let d = self.cfg.d_model;
+        if pre_encoded.len() != frames * d {
+            return Err(CudaEngineError::Shape {
+                op: "GpuEncoder::forward_pre_encoded",
+                detail: format!(
+                    "{} values for {frames} frames of width {d}",
+                    pre_encoded.len()
+                ),
+            });
+        }
+        if frames == 0 {
+            return Ok(EncoderOutput {
+                x: engine.zeros(1)?,
+                batch: 1,
+                time: 0,
+                d_model: d,
+                frames: vec![0],
+            });
+        }
+        let scale = self.subsampling.xscale();
+        let scaled: Vec<f32> = pre_encoded.iter().map(|v| v * scale).collect();
+        let size = WorkspaceSize {
+            key: WorkspaceKey::PreEncoded { batch: 1, frames },
+            attention: self.cfg.attention,
+            shape: HeadShape {
+                batch: 1,
+                time: frames,
+                heads: self.cfg.n_heads,
+                head_dim: d / self.cfg.n_heads,
+            },
+            ff_hidden: self.cfg.ff_hidden,
+            subsampling_elements: 1,
+        };
+        let mut cached = self.lock_workspace(engine, &size)?;
+        let ws = cached.as_mut().expect("workspace was just sized (bug)");
+        engine.upload_into(&scaled, &mut ws.x)?;
+        ws.lengths = engine.upload(&[i32::try_from(frames).unwrap_or(i32::MAX)])?;
+        let x = self.layers_forward(engine, ws, &mut None)?;
+        Ok(EncoderOutput {
+            x,
+            batch: 1,
+            time: frames,
+            d_model: d,
+            frames: vec![frames],
         })
     }
 

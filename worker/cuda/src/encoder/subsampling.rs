@@ -30,6 +30,8 @@ pub(crate) struct Subsampling {
     conv0_bias: CudaSlice<f32>,
     stages: Vec<DepthwiseStage>,
     out: DeviceLinear,
+    /// The x-scaling folded into `out` (1 without x-scaling).
+    xscale: f32,
 }
 
 /// Per-utterance valid lengths before and after every convolution stage.
@@ -111,7 +113,13 @@ impl Subsampling {
             conv0_bias,
             stages,
             out: DeviceLinear::new(engine, width, d, &permuted, Some(&scaled_bias))?,
+            xscale: scale,
         })
+    }
+
+    /// The x-scaling factor folded into the output layer.
+    pub(crate) fn xscale(&self) -> f32 {
+        self.xscale
     }
 
     fn n_stages(&self) -> usize {

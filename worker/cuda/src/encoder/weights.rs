@@ -105,10 +105,21 @@ impl DeviceLayerNorm {
         prefix: &str,
         cfg: &EncoderConfig,
     ) -> Result<Self> {
+        Self::load_sized(engine, tensors, prefix, cfg.d_model, cfg.layer_norm_eps)
+    }
+
+    /// `{prefix}.weight` and `{prefix}.bias` of width `dim`.
+    pub(crate) fn load_sized(
+        engine: &CudaEngine,
+        tensors: &TensorMap,
+        prefix: &str,
+        dim: usize,
+        eps: f32,
+    ) -> Result<Self> {
         Ok(Self {
-            gamma: load_f32(engine, tensors, &format!("{prefix}.weight"), &[cfg.d_model])?,
-            beta: load_f32(engine, tensors, &format!("{prefix}.bias"), &[cfg.d_model])?,
-            eps: cfg.layer_norm_eps,
+            gamma: load_f32(engine, tensors, &format!("{prefix}.weight"), &[dim])?,
+            beta: load_f32(engine, tensors, &format!("{prefix}.bias"), &[dim])?,
+            eps,
         })
     }
 

@@ -1,5 +1,5 @@
-//! Device buffers of one forward pass, sized for one padded shape `(batch, feature frames)` and
-//! reused by every layer and by later passes of the same shape (the encoder caches one).
+//! Device buffers of one forward pass, sized for one input shape ([`WorkspaceKey`]) and reused by
+//! every layer and by later passes of the same shape (the encoder caches one).
 
 use cudarc::driver::CudaSlice;
 use half::bf16;
@@ -11,9 +11,17 @@ use crate::device::CudaEngine;
 use crate::error::Result;
 use crate::ops::HeadShape;
 
+/// The input shape a workspace was sized for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WorkspaceKey {
+    /// A padded batch of feature frames (subsampling included).
+    Features { batch: usize, frames: usize },
+    /// Pre-encoded frames (the layers only).
+    PreEncoded { batch: usize, frames: usize },
+}
+
 pub(crate) struct Workspace {
-    /// `(batch, padded feature frames)` this workspace was sized for.
-    pub(crate) key: (usize, usize),
+    pub(crate) key: WorkspaceKey,
     pub(crate) shape: HeadShape,
     /// Rows of the position table (`2·time-1`, or the local band).
     pub(crate) positions: usize,
@@ -51,7 +59,7 @@ pub(crate) struct Workspace {
 
 /// What a workspace is sized from.
 pub(crate) struct WorkspaceSize {
-    pub(crate) key: (usize, usize),
+    pub(crate) key: WorkspaceKey,
     pub(crate) attention: AttentionModel,
     pub(crate) shape: HeadShape,
     pub(crate) ff_hidden: usize,
