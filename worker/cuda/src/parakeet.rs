@@ -1,23 +1,23 @@
-//! [`GpuParakeet`]: the whole transcription model on one GPU: features on the host, the bf16
-//! encoder and the label-looping decoder on the device.
+//! [`GpuParakeet`]: the whole transcription model on one GPU: log-mel features, the bf16 encoder
+//! and the label-looping decoder all on the device; the host only uploads PCM.
 
 use std::path::Path;
 
 use models::checkpoint::Checkpoint;
 use models::config::ParakeetConfig;
 use models::transcript::Hypothesis;
-use models::FeatureExtractor;
 
 use crate::decoder::{DecoderEnvelope, GpuDecoder};
 use crate::device::CudaEngine;
 use crate::encoder::GpuEncoder;
 use crate::error::Result;
+use crate::features::GpuFeatures;
 
 pub struct GpuParakeet {
     engine: CudaEngine,
     config: ParakeetConfig,
     vocabulary: Vec<String>,
-    features: FeatureExtractor,
+    features: GpuFeatures,
     encoder: GpuEncoder,
     decoder: GpuDecoder,
 }
@@ -32,7 +32,7 @@ impl GpuParakeet {
 
     pub fn from_checkpoint(engine: CudaEngine, ckpt: &Checkpoint) -> Result<Self> {
         Ok(Self {
-            features: FeatureExtractor::from_checkpoint(ckpt)?,
+            features: GpuFeatures::from_checkpoint(&engine, ckpt)?,
             encoder: GpuEncoder::from_checkpoint(&engine, ckpt)?,
             decoder: GpuDecoder::from_checkpoint(&engine, ckpt)?,
             config: ckpt.config.clone(),
@@ -55,16 +55,17 @@ impl GpuParakeet {
 
     /// Sizes the decoder for batches of up to `max_batch` clips of up to `max_seconds` each,
     /// captures its graph, and runs one full-size batch through everything (kernels loaded,
-    /// cuBLASLt heuristics cached, encoder workspace sized). Call once, before serving.
+    /// cuBLASLt heuristics cached, feature and encoder workspaces sized). Call once, before serving.
     pub fn warm_up(&self, max_batch: usize, max_seconds: f64) -> Result<()> {
         let rate = self.config.features.sample_rate_hz as f32;
         let samples = (max_seconds * f64::from(rate)).ceil() as usize;
         let clip: Vec<f32> = (0..samples)
             .map(|i| 0.05 * (i as f32 * 440.0 * std::f32::consts::TAU / rate).sin())
             .collect();
-        let features = self.features.compute(&clip);
-        let batch: Vec<_> = (0..max_batch.max(1)).map(|_| &features).collect();
-        let input = self.encoder.prepare(&self.engine, &batch)?;
+        let batch: Vec<&[f32]> = (0..max_batch.max(1)).map(|_| clip.as_slice()).collect();
+        let input = self
+            .encoder
+            .prepare_device(&self.engine, &self.features, &batch)?;
         let encoded = self.encoder.run(&self.engine, &input)?;
         let envelope = DecoderEnvelope {
             max_batch: batch.len(),
@@ -77,9 +78,9 @@ impl GpuParakeet {
 
     /// One hypothesis per clip (16 kHz mono), each equal to the clip's own result.
     pub fn transcribe_batch(&self, pcm: &[&[f32]]) -> Result<Vec<Hypothesis>> {
-        let features: Vec<_> = pcm.iter().map(|clip| self.features.compute(clip)).collect();
-        let refs: Vec<_> = features.iter().collect();
-        let input = self.encoder.prepare(&self.engine, &refs)?;
+        let input = self
+            .encoder
+            .prepare_device(&self.engine, &self.features, pcm)?;
         let encoded = self.encoder.run(&self.engine, &input)?;
         self.decoder.decode(&self.engine, &encoded)
     }

@@ -206,10 +206,8 @@ impl GpuFeatures {
         let need = WorkspaceSize {
             samples: total_samples.max(1),
             clips: 3 * layout.batch,
-            frames: rows * win,
-            spectrum: rows * 2 * self.n_freq,
-            power: rows * self.n_freq,
-            mel: rows * cfg.n_mels,
+            frames_then_power: rows * win.max(self.n_freq),
+            spectrum_then_mel: rows * (2 * self.n_freq).max(cfg.n_mels),
         };
 
         let mut cached = self
@@ -259,17 +257,16 @@ impl GpuFeatures {
                 StftPadding::Zeros => false,
             },
         };
-        engine.feature_frames(&ws.pcm, &ws.clips, framing, &mut ws.frames)?;
+        // Two buffers, each step reading one and writing the other (all ordered on the stream).
+        let (frames, spectrum) = (&mut ws.frames_then_power, &mut ws.spectrum_then_mel);
+        engine.feature_frames(&ws.pcm, &ws.clips, framing, frames)?;
         let dft = MatmulSpec::linear(rows, win, 2 * self.n_freq);
-        engine.matmul::<f32, f32>(&dft, &ws.frames, &self.basis, None, &mut ws.spectrum)?;
-        engine.power_spectrum(
-            &ws.spectrum,
-            (rows, self.n_freq),
-            cfg.mag_power,
-            &mut ws.power,
-        )?;
-        let mel = MatmulSpec::linear(rows, self.n_freq, cfg.n_mels);
-        engine.matmul::<f32, f32>(&mel, &ws.power, &self.filterbank, None, &mut ws.mel)?;
+        engine.matmul::<f32, f32>(&dft, frames, &self.basis, None, spectrum)?;
+        let power = frames;
+        engine.power_spectrum(spectrum, (rows, self.n_freq), cfg.mag_power, power)?;
+        let mel = spectrum;
+        let mel_spec = MatmulSpec::linear(rows, self.n_freq, cfg.n_mels);
+        engine.matmul::<f32, f32>(&mel_spec, power, &self.filterbank, None, mel)?;
         let log_mel = LogMel {
             batch: layout.batch,
             time: layout.time,
@@ -280,7 +277,7 @@ impl GpuFeatures {
                 FeatureNormalization::None => false,
             },
         };
-        engine.log_mel_normalize(&ws.mel, &ws.clips, log_mel, out)?;
+        engine.log_mel_normalize(mel, &ws.clips, log_mel, out)?;
         Ok(layout)
     }
 }
@@ -290,21 +287,17 @@ impl GpuFeatures {
 struct WorkspaceSize {
     samples: usize,
     clips: usize,
-    frames: usize,
-    spectrum: usize,
-    power: usize,
-    mel: usize,
+    frames_then_power: usize,
+    spectrum_then_mel: usize,
 }
 
 impl WorkspaceSize {
-    fn fields(&self) -> [usize; 6] {
+    fn fields(&self) -> [usize; 4] {
         [
             self.samples,
             self.clips,
-            self.frames,
-            self.spectrum,
-            self.power,
-            self.mel,
+            self.frames_then_power,
+            self.spectrum_then_mel,
         ]
     }
 
@@ -320,10 +313,8 @@ impl WorkspaceSize {
         Self {
             samples: self.samples.max(other.samples),
             clips: self.clips.max(other.clips),
-            frames: self.frames.max(other.frames),
-            spectrum: self.spectrum.max(other.spectrum),
-            power: self.power.max(other.power),
-            mel: self.mel.max(other.mel),
+            frames_then_power: self.frames_then_power.max(other.frames_then_power),
+            spectrum_then_mel: self.spectrum_then_mel.max(other.spectrum_then_mel),
         }
     }
 }
@@ -334,14 +325,10 @@ struct Workspace {
     pcm: CudaSlice<f32>,
     /// `[starts; samples; valid frames]`, `3·batch`.
     clips: CudaSlice<i64>,
-    /// `[rows, win]`.
-    frames: CudaSlice<f32>,
-    /// `[rows, 2·n_freq]`.
-    spectrum: CudaSlice<f32>,
-    /// `[rows, n_freq]`.
-    power: CudaSlice<f32>,
-    /// `[rows, n_mels]`.
-    mel: CudaSlice<f32>,
+    /// The frames `[rows, win]`, later the power spectrum `[rows, n_freq]`.
+    frames_then_power: CudaSlice<f32>,
+    /// The DFT `[rows, 2·n_freq]`, later the mel energies `[rows, n_mels]`.
+    spectrum_then_mel: CudaSlice<f32>,
 }
 
 impl Workspace {
@@ -350,10 +337,8 @@ impl Workspace {
             size,
             pcm: engine.zeros(size.samples)?,
             clips: engine.zeros(size.clips.max(1))?,
-            frames: engine.zeros(size.frames.max(1))?,
-            spectrum: engine.zeros(size.spectrum.max(1))?,
-            power: engine.zeros(size.power.max(1))?,
-            mel: engine.zeros(size.mel.max(1))?,
+            frames_then_power: engine.zeros(size.frames_then_power.max(1))?,
+            spectrum_then_mel: engine.zeros(size.spectrum_then_mel.max(1))?,
         })
     }
 }
@@ -373,10 +358,8 @@ mod tests {
         let a = WorkspaceSize {
             samples: 10,
             clips: 3,
-            frames: 5,
-            spectrum: 7,
-            power: 1,
-            mel: 9,
+            frames_then_power: 5,
+            spectrum_then_mel: 7,
         };
         let b = WorkspaceSize {
             samples: 4,
