@@ -466,3 +466,39 @@ fn configs_the_gpu_cannot_follow_are_refused() -> Result<()> {
     engine.synchronize().context("stream after the refusals")?;
     Ok(())
 }
+
+#[test]
+#[ignore = "timing run for the GPU machine"]
+fn features_throughput() -> Result<()> {
+    let Some(engine) = engine("features_throughput") else {
+        return Ok(());
+    };
+    let mut rng = Rng::fresh("features_throughput");
+    let ckpt = Checkpoint::load(&fixtures().join(MODELS[0]).join("model.nemo"))?;
+    let gpu = GpuFeatures::from_checkpoint(&engine, &ckpt)?;
+    let cpu = FeatureExtractor::from_checkpoint(&ckpt)?;
+    for (batch, seconds) in [(1usize, 10usize), (16, 25), (64, 25)] {
+        let clips: Vec<Vec<f32>> = (0..batch)
+            .map(|_| rng.f32_vec(seconds * 16_000, 0.0, 0.1))
+            .collect();
+        let refs: Vec<&[f32]> = clips.iter().map(Vec::as_slice).collect();
+        // Warm: workspace sized, cuBLASLt heuristics cached.
+        gpu.compute(&engine, &refs)?;
+        engine.synchronize()?;
+        let runs = 5;
+        let started = std::time::Instant::now();
+        for _ in 0..runs {
+            gpu.compute(&engine, &refs)?;
+        }
+        engine.synchronize()?;
+        let gpu_ms = started.elapsed().as_secs_f64() * 1e3 / runs as f64;
+        let started = std::time::Instant::now();
+        cpu.compute(&clips[0]);
+        let cpu_ms = started.elapsed().as_secs_f64() * 1e3 * batch as f64;
+        eprintln!(
+            "RESULT features {batch} x {seconds} s: GPU {gpu_ms:.2} ms per batch (upload \
+             included), CPU one thread {cpu_ms:.0} ms"
+        );
+    }
+    Ok(())
+}
