@@ -67,6 +67,7 @@ impl GpuParakeet {
             .encoder
             .prepare_device(&self.engine, &self.features, &batch)?;
         let encoded = self.encoder.run(&self.engine, &input)?;
+        self.features.recycle(input.into_feature_buffer());
         let envelope = DecoderEnvelope {
             max_batch: batch.len(),
             max_frames: encoded.time,
@@ -82,6 +83,8 @@ impl GpuParakeet {
             .encoder
             .prepare_device(&self.engine, &self.features, pcm)?;
         let encoded = self.encoder.run(&self.engine, &input)?;
+        // The pass that reads the features is queued; the next batch may reuse their buffer.
+        self.features.recycle(input.into_feature_buffer());
         self.decoder.decode(&self.engine, &encoded)
     }
 }

@@ -34,7 +34,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{ensure, Context, Result};
 use common::{check_close, engine, fixtures, poisoned_f32, read_wav, Rng, CLIPS, MODELS};
-use cuda_engine::{CudaEngine, CudaEngineError, GpuEncoder, GpuFeatures};
+use cuda_engine::{CudaEngine, CudaEngineError, FeatureLayout, GpuEncoder, GpuFeatures};
 use models::checkpoint::{Checkpoint, TensorMap};
 use models::config::{FeatureConfig, FeatureNormalization, StftPadding};
 use models::tensor::Tensor;
@@ -162,6 +162,27 @@ fn check_batch(engine: &CudaEngine, pair: &Pair, label: &str, clips: &[Vec<f32>]
         failures.push(format!(
             "{label}: layout {got_layout:?}, expected {layout:?}"
         ));
+    }
+    failures.extend(verify(pair, label, clips, &layout, &host));
+    failures
+}
+
+/// Checks a downloaded `[batch, time, n_mels]` result (followed by at least one element that
+/// was poisoned and must still be NaN) against the CPU, clip by clip.
+fn verify(
+    pair: &Pair,
+    label: &str,
+    clips: &[Vec<f32>],
+    layout: &FeatureLayout,
+    host: &[f32],
+) -> Vec<String> {
+    let n = layout.elements();
+    let mut failures = Vec::new();
+    if host.len() <= n {
+        return vec![format!(
+            "{label}: {} elements for a layout of {n}",
+            host.len()
+        )];
     }
     if !host[n].is_nan() {
         failures.push(format!("{label}: wrote past the layout ({})", host[n]));
@@ -360,6 +381,65 @@ fn random_audio_matches_the_cpu_extractor_in_every_variant() -> Result<()> {
                 ));
             }
         }
+    }
+    ensure!(failures.is_empty(), "failures: {failures:#?}");
+    Ok(())
+}
+
+#[test]
+fn recycled_output_buffers_are_reused_and_fully_rewritten() -> Result<()> {
+    let Some(engine) = engine("recycled_output_buffers_are_reused_and_fully_rewritten") else {
+        return Ok(());
+    };
+    let mut rng = Rng::fresh("recycled_output_buffers_are_reused_and_fully_rewritten");
+    let ckpt = Checkpoint::load(&fixtures().join(MODELS[0]).join("model.nemo"))?;
+    let (fb, window) = stored(&ckpt)?;
+    let p = pair(&engine, &ckpt.config.features, &fb, &window)?;
+    let mut failures = Vec::new();
+    let mut previous_len = 0;
+    // Large first; each later (smaller) batch must land in the recycled, poisoned buffer.
+    for (round, (batch, max_len)) in [(4usize, 48_000usize), (3, 30_000), (1, 20_000)]
+        .into_iter()
+        .enumerate()
+    {
+        // The first clip is the longest, so every round needs less than the one before.
+        let clips: Vec<Vec<f32>> = (0..batch)
+            .map(|i| {
+                let len = if i == 0 {
+                    max_len
+                } else {
+                    16_000 + rng.below(max_len - 16_000)
+                };
+                random_clip(&mut rng, len).1
+            })
+            .collect();
+        let refs: Vec<&[f32]> = clips.iter().map(Vec::as_slice).collect();
+        let mut computed = p.gpu.compute(&engine, &refs)?;
+        let len = computed.data.len();
+        if round > 0 && len != previous_len {
+            failures.push(format!(
+                "round {round}: a new buffer of {len} instead of the recycled {previous_len}"
+            ));
+        }
+        // A fresh buffer must still have room for the poisoned element `verify` looks at.
+        if len <= computed.layout.elements() {
+            let mut longer = poisoned_f32(&engine, computed.layout.elements() + 1);
+            p.gpu.compute_into(&engine, &refs, &mut longer)?;
+            computed.data = longer;
+        }
+        let host = engine.download(&computed.data)?;
+        failures.extend(verify(
+            &p,
+            &format!("round {round} ({batch} clips)"),
+            &clips,
+            &computed.layout,
+            &host,
+        ));
+        // Poison before handing it back: the next round must overwrite its whole layout.
+        let mut data = computed.data;
+        engine.upload_into(&vec![f32::NAN; data.len()], &mut data)?;
+        previous_len = data.len();
+        p.gpu.recycle(data);
     }
     ensure!(failures.is_empty(), "failures: {failures:#?}");
     Ok(())

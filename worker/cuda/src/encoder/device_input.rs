@@ -1,6 +1,8 @@
 //! [`GpuEncoder::prepare_device`]: the encoder's input computed on the device from PCM, so the
 //! host only uploads audio.
 
+use cudarc::driver::CudaSlice;
+
 use super::{EncoderInput, GpuEncoder};
 use crate::device::CudaEngine;
 use crate::error::{CudaEngineError, Result};
@@ -33,5 +35,13 @@ impl GpuEncoder {
             batch: layout.batch,
             time: layout.time,
         })
+    }
+}
+
+impl EncoderInput {
+    /// The feature buffer, to hand back with [`GpuFeatures::recycle`] once the encoder pass
+    /// that reads it has been queued.
+    pub fn into_feature_buffer(self) -> CudaSlice<f32> {
+        self.features
     }
 }

@@ -45,6 +45,9 @@ pub struct GpuFeatures {
     filterbank: CudaSlice<f32>,
     /// Intermediate buffers, grown to the largest batch seen and then reused.
     workspace: Mutex<Option<Workspace>>,
+    /// An output buffer handed back by [`GpuFeatures::recycle`], reused by the next `compute`
+    /// that fits in it.
+    spare_output: Mutex<Option<CudaSlice<f32>>>,
 }
 
 /// The shape of a batch's features: `[batch, time, n_mels]`, `time` the longest clip's frames.
@@ -66,7 +69,8 @@ impl FeatureLayout {
 
 /// A batch's features on the device.
 pub struct DeviceFeatures {
-    /// `[batch, time, n_mels]` f32 (at least one element, so an empty batch has a buffer too).
+    /// `[batch, time, n_mels]` f32 in its first [`FeatureLayout::elements`] (a recycled buffer
+    /// may be longer; at least one element, so an empty batch has a buffer too).
     pub data: CudaSlice<f32>,
     pub layout: FeatureLayout,
 }
@@ -147,6 +151,7 @@ impl GpuFeatures {
             basis: engine.upload(&basis)?,
             filterbank: engine.upload(&filterbank.data)?,
             workspace: Mutex::new(None),
+            spare_output: Mutex::new(None),
         })
     }
 
@@ -172,17 +177,40 @@ impl GpuFeatures {
         }
     }
 
-    /// Features of a batch of 16 kHz mono clips into a new device buffer (ordered on the
-    /// engine's stream; nothing waits for the GPU).
+    /// Features of a batch of 16 kHz mono clips (ordered on the engine's stream; nothing waits
+    /// for the GPU), into the recycled buffer when it is large enough, else a new one.
     pub fn compute(&self, engine: &CudaEngine, pcm: &[&[f32]]) -> Result<DeviceFeatures> {
         let layout = self.layout(pcm.iter().map(|clip| clip.len()));
         // CUDA refuses 0-byte allocations; an empty batch still gets a (never read) element.
-        let mut data = engine
-            .stream()
-            .alloc_zeros::<f32>(layout.elements().max(1))
-            .context(|| format!("allocating features {layout:?}"))?;
+        let need = layout.elements().max(1);
+        let spare = self
+            .spare_output
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .filter(|buffer| buffer.len() >= need);
+        let mut data = match spare {
+            Some(buffer) => buffer,
+            None => engine
+                .stream()
+                .alloc_zeros::<f32>(need)
+                .context(|| format!("allocating features {layout:?}"))?,
+        };
         self.compute_into(engine, pcm, &mut data)?;
         Ok(DeviceFeatures { data, layout })
+    }
+
+    /// Hands an output buffer of [`GpuFeatures::compute`] back for the next batch, so batches
+    /// of shapes already seen allocate nothing. Call it once every use of the buffer has been
+    /// queued on this engine's stream: the stream orders the next batch's writes after them.
+    pub fn recycle(&self, data: CudaSlice<f32>) {
+        let mut spare = self
+            .spare_output
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if spare.as_ref().is_none_or(|kept| kept.len() < data.len()) {
+            *spare = Some(data);
+        }
     }
 
     /// [`GpuFeatures::compute`] into `out` (at least [`FeatureLayout::elements`] long; only that
