@@ -10,9 +10,11 @@
 //!    per-feature normalisation, written as the encoder's `[batch, time, n_mels]` input.
 //!
 //! Why a DFT matmul and not an FFT: no extra CUDA library (cuFFT) to load and ship, the matmul
-//! runs on the engine's stream like everything else, and at 400 × 514 per frame it is a few
-//! hundred MFLOP for a minute of audio. The fp32 compute type (never TF32) keeps it as accurate
-//! as the CPU's f32 FFT (the parity test measures both against each other).
+//! runs on the engine's stream like everything else, and at 400 × 514 per frame it is about
+//! 2.5 GFLOP per minute of audio (tens of microseconds on an H200). The fp32 compute type
+//! (`CUBLAS_COMPUTE_32F`, never TF32) keeps it as accurate as the CPU's f32 FFT (the parity
+//! test measures both against each other). Only the window's span (`win` of `n_fft` samples)
+//! is multiplied: the zero-padded rest of the window contributes nothing.
 
 mod basis;
 mod launch;
