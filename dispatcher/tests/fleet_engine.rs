@@ -171,11 +171,11 @@ fn the_fleet_joins_health_and_metrics() {
         let text = http_get(addr, "/metrics").await;
         assert!(text.contains("dispatcher_jobs_total"), "{text}");
         assert!(
-            text.contains("fleet_batch_size_count{group=\"cpu\"}"),
+            text.contains("fleet_batch_size_count{group=\"cpu\",task=\"transcribe\"}"),
             "{text}"
         );
         assert!(
-            text.contains("fleet_restarts_total{group=\"cpu\",cause=\"crashed\"} 0"),
+            text.contains("fleet_restarts_total{group=\"cpu\",task=\"transcribe\",cause=\"crashed\"} 0"),
             "{text}"
         );
         let health: serde_json::Value =

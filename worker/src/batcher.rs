@@ -7,11 +7,12 @@ use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 use worker_protocol::{
-    RequestId, Timings, TranscribeResponse, WireError, WireErrorKind, WorkerMessage,
+    DiarizeResponse, RequestId, Timings, TranscribeResponse, WireError, WireErrorKind,
+    WorkerMessage,
 };
 
 use crate::batch_policy::{BatchQueue, Decision, Queued};
-use crate::engine_thread::{EngineJob, EngineOutcome};
+use crate::engine_thread::{Answers, EngineJob, EngineOutcome};
 
 /// A request waiting for a batch.
 pub struct Pending {
@@ -194,7 +195,17 @@ async fn fan_out(
         batch_seq,
     };
     match outcome.result {
-        Ok(hyps) => {
+        Ok(Answers::Segments(per_clip)) => {
+            for (q, segments) in batch.iter().zip(per_clip) {
+                let response = DiarizeResponse {
+                    id: q.payload.id,
+                    segments,
+                    timings: timings(q),
+                };
+                let _ = q.payload.reply.send(WorkerMessage::Diarized(response));
+            }
+        }
+        Ok(Answers::Hypotheses(hyps)) => {
             for (q, hypothesis) in batch.iter().zip(hyps) {
                 let response = TranscribeResponse {
                     id: q.payload.id,

@@ -3,7 +3,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use worker_protocol::Task;
 
 use crate::batch_policy::BatchPolicyConfig;
 use crate::cuda_engine::CudaSettings;
@@ -14,7 +15,7 @@ use crate::onnx_engine::OnnxProvider;
 #[derive(Debug, Parser)]
 #[command(
     name = "worker",
-    about = "One Parakeet model instance serving a Unix socket"
+    about = "One Parakeet (or Sortformer) model instance serving a Unix socket"
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -45,6 +46,11 @@ pub struct ServeArgs {
     /// Unix socket to serve. It is created only after warm-up, so its existence means ready.
     #[arg(long, env = "WORKER_SOCKET")]
     pub socket: PathBuf,
+    /// What this worker serves: Parakeet transcription, or Sortformer diarization (`--model`
+    /// a Sortformer `.nemo`, `--engine cpu|cuda`; one recording at a time). Stated in the
+    /// handshake; requests of the other task are refused with `BadRequest`.
+    #[arg(long, env = "WORKER_TASK", value_enum, default_value = "transcribe")]
+    pub task: TaskArg,
     /// The `.nemo` checkpoint (cpu engine) or the ONNX export directory (onnx engine).
     #[arg(long, env = "WORKER_MODEL")]
     pub model: PathBuf,
@@ -88,6 +94,21 @@ pub struct ServeArgs {
     pub wedge_after_ms: u64,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TaskArg {
+    Transcribe,
+    Diarize,
+}
+
+impl TaskArg {
+    pub fn task(self) -> Task {
+        match self {
+            Self::Transcribe => Task::Transcribe,
+            Self::Diarize => Task::Diarize,
+        }
+    }
+}
+
 impl ServeArgs {
     pub fn engine_settings(&self) -> EngineSettings {
         EngineSettings {
@@ -108,7 +129,13 @@ impl ServeArgs {
         }
     }
 
+    /// The batcher's policy. Diarization runs each recording alone, as soon as the engine is
+    /// free (its streaming state is per recording; there is nothing to batch).
     pub fn batch_policy(&self) -> Result<BatchPolicyConfig, WorkerError> {
+        if self.task == TaskArg::Diarize {
+            return BatchPolicyConfig::new(vec![1], Duration::ZERO, self.max_batch_padded_frames)
+                .map_err(WorkerError::Config);
+        }
         BatchPolicyConfig::new(
             self.preferred_batch_sizes.clone(),
             Duration::from_millis(self.max_batch_wait_ms),

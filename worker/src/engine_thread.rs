@@ -1,15 +1,52 @@
 //! The engine on its own OS thread: batches in over a capacity-1 channel (so the batcher can
-//! prepare exactly one batch ahead), results out through a oneshot per batch.
+//! prepare exactly one batch ahead), results out through a oneshot per batch. The thread runs
+//! either task's engine ([`Served`]); a diarization engine takes its batch's recordings one
+//! at a time.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use models::speakers::SpeakerSegment;
 use models::transcript::Hypothesis;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::diar_engine::DiarizationEngine;
 use crate::engine::Engine;
 use crate::error::WorkerError;
+
+/// The engine a worker serves with: one task per process.
+pub enum Served {
+    Transcribe(Box<dyn Engine>),
+    Diarize(Box<dyn DiarizationEngine>),
+}
+
+/// A batch's answers, one per clip, in order.
+#[derive(Debug)]
+pub enum Answers {
+    Hypotheses(Vec<Hypothesis>),
+    Segments(Vec<Vec<SpeakerSegment>>),
+}
+
+impl Served {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Transcribe(e) => e.name(),
+            Self::Diarize(e) => e.name(),
+        }
+    }
+
+    fn run(&mut self, clips: &[&[f32]]) -> Result<Answers, WorkerError> {
+        match self {
+            Self::Transcribe(e) => e.transcribe(clips).map(Answers::Hypotheses),
+            Self::Diarize(e) => clips
+                .iter()
+                .map(|pcm| e.diarize(pcm))
+                .collect::<Result<_, _>>()
+                .map(Answers::Segments),
+        }
+    }
+}
 
 pub struct EngineJob {
     pub clips: Vec<Arc<Vec<f32>>>,
@@ -17,7 +54,7 @@ pub struct EngineJob {
 }
 
 pub struct EngineOutcome {
-    pub result: Result<Vec<Hypothesis>, WorkerError>,
+    pub result: Result<Answers, WorkerError>,
     pub elapsed: Duration,
 }
 
@@ -58,9 +95,7 @@ impl EngineStatus {
 }
 
 /// Starts the engine thread. It ends when every sender of the returned channel is dropped.
-pub fn spawn(
-    mut engine: Box<dyn Engine>,
-) -> std::io::Result<(mpsc::Sender<EngineJob>, Arc<EngineStatus>)> {
+pub fn spawn(mut engine: Served) -> std::io::Result<(mpsc::Sender<EngineJob>, Arc<EngineStatus>)> {
     let (tx, mut rx) = mpsc::channel::<EngineJob>(1);
     let status = Arc::new(EngineStatus::new());
     let thread_status = Arc::clone(&status);
@@ -73,7 +108,7 @@ pub fn spawn(
                     .busy_since_ms
                     .store(thread_status.now_ms(), Ordering::Release);
                 let clips: Vec<&[f32]> = job.clips.iter().map(|c| c.as_slice()).collect();
-                let result = engine.transcribe(&clips);
+                let result = engine.run(&clips);
                 if let Err(error) = &result {
                     if error.is_fatal() {
                         // Nothing on this context can run again; answering would only delay

@@ -9,9 +9,10 @@ use tokio::net::UnixListener;
 use worker::batch_policy::BatchQueue;
 use worker::batcher::{Batcher, QueueStats};
 use worker::config::{Cli, Command, ProbeArgs, ServeArgs};
+use worker::engine_thread::Served;
 use worker::server::{accept_loop, ServerContext};
-use worker::{engine, engine_thread};
-use worker_protocol::WorkerInfo;
+use worker::{diar_engine, engine, engine_thread, WorkerError};
+use worker_protocol::{Task, WorkerInfo};
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
@@ -57,32 +58,65 @@ fn warmup_clip() -> Vec<f32> {
         .collect()
 }
 
+/// Loads the task's engine and runs the warm-up clip through it.
+fn load_and_warm_up(
+    args: &ServeArgs,
+    task: Task,
+) -> Result<(Served, WorkerInfo, usize), WorkerError> {
+    let started = Instant::now();
+    let clip = warmup_clip();
+    let (served, model, device, hop_samples) = match task {
+        Task::Transcribe => {
+            let mut engine = engine::load(args.engine, &args.model, args.engine_settings())?;
+            let loaded = started.elapsed();
+            engine.transcribe(&[&clip])?;
+            log_ready(engine.name(), task, started, loaded);
+            let (model, device, hop) = (engine.model_info(), engine.device(), engine.hop_samples());
+            (Served::Transcribe(engine), model, device, hop)
+        }
+        Task::Diarize => {
+            let mut engine = diar_engine::load(args.engine, &args.model, args.cuda_device)?;
+            let loaded = started.elapsed();
+            engine.diarize(&clip)?;
+            log_ready(engine.name(), task, started, loaded);
+            let (model, device, hop) = (engine.model_info(), engine.device(), engine.hop_samples());
+            (Served::Diarize(engine), model, device, hop)
+        }
+    };
+    let info = WorkerInfo {
+        engine: served.name().into(),
+        task,
+        pid: std::process::id(),
+        model,
+        device,
+    };
+    Ok((served, info, hop_samples))
+}
+
+fn log_ready(engine: &str, task: Task, started: Instant, loaded: Duration) {
+    tracing::info!(
+        engine,
+        task = task.label(),
+        load_s = loaded.as_secs_f64(),
+        warm_s = (started.elapsed() - loaded).as_secs_f64(),
+        "engine ready"
+    );
+}
+
 fn serve(args: ServeArgs) -> Result<()> {
     // If the supervisor dies (even by SIGKILL), stop too: an orphaned worker would keep its
     // GPU memory and MPS slot with nobody routing to it.
     rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
         .context("setting the parent-death signal")?;
     let policy = args.batch_policy()?;
-    let started = Instant::now();
-    let mut engine = engine::load(args.engine, &args.model, args.engine_settings())
-        .with_context(|| format!("starting the {} engine", args.engine.name()))?;
-    let loaded = started.elapsed();
-    let clip = warmup_clip();
-    engine.transcribe(&[&clip]).context("warm-up")?;
-    tracing::info!(
-        engine = engine.name(),
-        load_s = loaded.as_secs_f64(),
-        warm_s = (started.elapsed() - loaded).as_secs_f64(),
-        "engine ready"
-    );
-
-    let info = WorkerInfo {
-        engine: engine.name().into(),
-        pid: std::process::id(),
-        model: engine.model_info(),
-        device: engine.device(),
-    };
-    let hop_samples = engine.hop_samples();
+    let task = args.task.task();
+    let (engine, info, hop_samples) = load_and_warm_up(&args, task).with_context(|| {
+        format!(
+            "starting the {} engine for {}",
+            args.engine.name(),
+            task.label()
+        )
+    })?;
     let (engine_tx, engine_status) = engine_thread::spawn(engine).context("engine thread")?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use tokio::net::{unix::OwnedWriteHalf, UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use worker_protocol::{
-    read_frame_async, write_frame_async, Audio, ClientMessage, HealthReport, ProtocolError,
-    TranscribeRequest, WireError, WireErrorKind, WorkerInfo, WorkerMessage, WorkerState,
-    PROTOCOL_VERSION,
+    read_frame_async, write_frame_async, Audio, ClientMessage, DiarizeRequest, HealthReport,
+    ProtocolError, RequestId, Task, TranscribeRequest, WireError, WireErrorKind, WorkerInfo,
+    WorkerMessage, WorkerState, PROTOCOL_VERSION,
 };
 
 use crate::batcher::{error_message, BatcherCommand, Pending, QueueStats};
@@ -147,7 +147,22 @@ async fn read_loop(
     }
     loop {
         match read_frame_async::<ClientMessage>(reader).await? {
-            ClientMessage::Transcribe(request) => submit(request, conn, ctx, outbox).await,
+            ClientMessage::Transcribe(TranscribeRequest {
+                id,
+                audio,
+                deadline_ms,
+            }) => {
+                let request = (id, audio, deadline_ms);
+                submit(Task::Transcribe, request, conn, ctx, outbox).await;
+            }
+            ClientMessage::Diarize(DiarizeRequest {
+                id,
+                audio,
+                deadline_ms,
+            }) => {
+                let request = (id, audio, deadline_ms);
+                submit(Task::Diarize, request, conn, ctx, outbox).await;
+            }
             ClientMessage::Cancel { id } => {
                 let _ = ctx.batcher.send(BatcherCommand::Cancel { conn, id }).await;
             }
@@ -161,17 +176,24 @@ async fn read_loop(
     }
 }
 
+/// Queues a request of `task`; one of the other task is refused (`BadRequest`), never run on
+/// the wrong model.
 async fn submit(
-    request: TranscribeRequest,
+    task: Task,
+    (id, audio, deadline_ms): (RequestId, Audio, Option<u32>),
     conn: u64,
     ctx: &ServerContext,
     outbox: &mpsc::UnboundedSender<WorkerMessage>,
 ) {
-    let TranscribeRequest {
-        id,
-        audio,
-        deadline_ms,
-    } = request;
+    if task != ctx.info.task {
+        let message = format!(
+            "this worker serves {} requests, not {}",
+            ctx.info.task.label(),
+            task.label()
+        );
+        let _ = outbox.send(error_message(id, WireErrorKind::BadRequest, message));
+        return;
+    }
     let Audio::Pcm16k(pcm) = audio;
     let problem = if pcm.is_empty() {
         Some("empty audio")

@@ -36,6 +36,23 @@ pub struct FleetConfig {
     pub restart_backoff: Backoff,
     /// Attempts (workers lost while holding the request) before it is failed as poison.
     pub max_attempts: u32,
+    /// Sortformer diarization workers in every group, next to the transcription workers.
+    pub diarization: Option<DiarizationPool>,
+}
+
+/// The diarization workers of each group (`worker serve --task diarize`). On a GPU they are
+/// clients of that GPU's MPS daemon like the transcription workers, so they share its fate:
+/// a failure of any client restarts all of them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiarizationPool {
+    /// The Sortformer `.nemo`.
+    pub model: PathBuf,
+    /// `--engine` of the diarization workers (`cpu` or `cuda`).
+    pub engine: String,
+    /// Workers per group.
+    pub instances: usize,
+    /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` of each diarization worker under MPS.
+    pub mps_thread_percentage: u32,
 }
 
 impl FleetConfig {
@@ -68,6 +85,7 @@ impl FleetConfig {
             startup_timeout: Duration::from_secs(300),
             restart_backoff: Backoff::default(),
             max_attempts: 3,
+            diarization: None,
         }
     }
 
@@ -80,6 +98,14 @@ impl FleetConfig {
         }
         if self.max_attempts == 0 {
             return Err("max_attempts must be positive".into());
+        }
+        if let Some(pool) = &self.diarization {
+            if pool.instances == 0 {
+                return Err("a diarization pool needs at least one worker per group".into());
+            }
+            if !(1..=100).contains(&pool.mps_thread_percentage) {
+                return Err("the diarization MPS thread percentage must be 1..=100".into());
+            }
         }
         Ok(())
     }

@@ -2,7 +2,7 @@
 //! JSON line on stdout (for operators and scripts to grep), tests assert on them.
 
 use serde::Serialize;
-use worker_protocol::DeviceReport;
+use worker_protocol::{DeviceReport, Task};
 
 use crate::fleet::RestartCause;
 
@@ -21,6 +21,7 @@ pub enum FleetEvent {
     WorkerReady {
         group: String,
         slot: usize,
+        task: Task,
         pid: u32,
         engine: String,
         /// As the worker's engine probed it (`None` on CPU engines).
@@ -32,6 +33,7 @@ pub enum FleetEvent {
     WorkerRestart {
         group: String,
         slot: usize,
+        task: Task,
         pid: Option<u32>,
         cause: RestartCause,
     },
@@ -74,13 +76,14 @@ mod tests {
         let line = serde_json::to_string(&FleetEvent::WorkerRestart {
             group: "gpu0".into(),
             slot: 2,
+            task: Task::Diarize,
             pid: Some(41),
             cause: RestartCause::Stuck,
         })
         .unwrap();
         assert_eq!(
             line,
-            r#"{"event":"worker_restart","group":"gpu0","slot":2,"pid":41,"cause":"stuck"}"#
+            r#"{"event":"worker_restart","group":"gpu0","slot":2,"task":"diarize","pid":41,"cause":"stuck"}"#
         );
     }
 }

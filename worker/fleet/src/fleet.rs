@@ -4,6 +4,10 @@
 //! detection, restart), one reader thread per connection delivers answers, and submitters wait
 //! on a condvar. Requests are owned by the fleet until answered: a worker that dies only moves
 //! them back to the front of the waiting queue.
+//!
+//! Every slot serves one [`Task`]: a group holds its transcription workers and, with a
+//! diarization pool, its diarization workers. Each task has its own waiting queue and a request
+//! only ever goes to a worker of its task whose handshake said so.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
@@ -14,7 +18,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use worker_protocol::{DeviceReport, ModelInfo, TranscribeResponse, WorkerInfo};
+use worker_protocol::{
+    DeviceReport, DiarizeResponse, ModelInfo, Task, TranscribeResponse, WorkerInfo,
+};
 
 use crate::client::Connection;
 use crate::config::FleetConfig;
@@ -91,6 +97,8 @@ pub struct WorkerStatus {
     pub group: String,
     pub gpu: Option<u32>,
     pub slot: usize,
+    /// What the slot serves (`transcribe`, `diarize`).
+    pub task: Task,
     pub phase: WorkerPhase,
     pub ready: bool,
     pub pid: Option<u32>,
@@ -113,6 +121,7 @@ enum Phase {
 
 struct Slot {
     group: usize,
+    task: Task,
     socket: PathBuf,
     generation: u64,
     phase: Phase,
@@ -135,25 +144,62 @@ struct Slot {
 }
 
 struct Request {
+    task: Task,
     pcm: Arc<Vec<f32>>,
     on: Option<(usize, u64)>,
     sent_at: Option<Instant>,
     attempts: u32,
-    outcome: Option<Result<TranscribeResponse, FleetError>>,
+    outcome: Option<Result<Answer, FleetError>>,
 }
 
+/// A worker's answer, of the request's task.
+enum Answer {
+    Transcribed(TranscribeResponse),
+    Diarized(DiarizeResponse),
+}
+
+/// Requests waiting for a worker, one queue per task (a full diarization pool never holds up
+/// transcription, nor the reverse).
+#[derive(Default)]
+struct Waiting {
+    transcribe: VecDeque<u64>,
+    diarize: VecDeque<u64>,
+}
+
+impl Waiting {
+    fn of(&mut self, task: Task) -> &mut VecDeque<u64> {
+        match task {
+            Task::Transcribe => &mut self.transcribe,
+            Task::Diarize => &mut self.diarize,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.transcribe.len() + self.diarize.len()
+    }
+}
+
+/// Index of a (group, task) pair in [`State::metrics`].
+fn metrics_index(group: usize, task: Task) -> usize {
+    group * Task::ALL.len()
+        + match task {
+            Task::Transcribe => 0,
+            Task::Diarize => 1,
+        }
+}
 #[derive(Default)]
 struct State {
     slots: Vec<Slot>,
     requests: HashMap<u64, Request>,
-    waiting: VecDeque<u64>,
+    waiting: Waiting,
     next_id: u64,
     shutting_down: bool,
     /// `Stopped` was reported (shutdown runs again on drop).
     stopped: bool,
     restarts: HashMap<RestartCause, u64>,
-    /// Per group, by group index.
+    /// Per group and task, by [`metrics_index`].
     metrics: Vec<GroupMetrics>,
+    /// The transcription model, from the first transcription worker's handshake.
     model: Option<ModelInfo>,
     mps_started: Vec<(u32, mps::MpsDirs)>,
 }
@@ -220,7 +266,7 @@ impl Fleet {
             }
         };
         let mut state = State {
-            metrics: vec![GroupMetrics::default(); config.groups.len()],
+            metrics: vec![GroupMetrics::default(); config.groups.len() * Task::ALL.len()],
             ..State::default()
         };
         for (g, group) in config.groups.iter().enumerate() {
@@ -245,10 +291,16 @@ impl Fleet {
                     state.mps_started.push((gpu, dirs));
                 }
             }
-            for i in 0..group.instances {
+            let diarizers = config.diarization.as_ref().map_or(0, |d| d.instances);
+            let transcribers = (0..group.instances).map(|i| (Task::Transcribe, i, ""));
+            let diarizers = (0..diarizers).map(|i| (Task::Diarize, i, "diar-"));
+            for (task, i, prefix) in transcribers.chain(diarizers) {
                 state.slots.push(Slot {
                     group: g,
-                    socket: config.runtime_dir.join(format!("{}-{i}.sock", group.name)),
+                    task,
+                    socket: config
+                        .runtime_dir
+                        .join(format!("{}-{prefix}{i}.sock", group.name)),
                     generation: 0,
                     phase: Phase::Down {
                         next_start: Instant::now(),
@@ -287,9 +339,27 @@ impl Fleet {
         })
     }
 
-    /// Waits until at least one worker is ready; returns the model it serves.
+    /// Waits until at least one transcription worker is ready; returns the model it serves.
     pub fn wait_ready(&self, timeout: Duration) -> Result<ModelInfo, FleetError> {
         self.wait_for(timeout, |s| s.model.clone())
+    }
+
+    /// Whether this fleet runs diarization workers.
+    pub fn has_diarization(&self) -> bool {
+        self.shared.config.diarization.is_some()
+    }
+
+    /// Waits until at least one diarization worker is ready; returns its model.
+    pub fn wait_diarization_ready(&self, timeout: Duration) -> Result<ModelInfo, FleetError> {
+        if !self.has_diarization() {
+            return Err(no_diarization_pool());
+        }
+        self.wait_for(timeout, |s| {
+            s.slots
+                .iter()
+                .filter(|slot| slot.task == Task::Diarize && matches!(slot.phase, Phase::Ready))
+                .find_map(|slot| slot.info.as_ref().map(|i| i.model.clone()))
+        })
     }
 
     /// Waits until every worker is ready.
@@ -333,17 +403,31 @@ impl Fleet {
     pub fn transcribe(&self, clips: &[&[f32]]) -> Vec<Result<TranscribeResponse, FleetError>> {
         let mut ids = Vec::with_capacity(clips.len());
         for clip in clips {
-            match self.submit(clip) {
-                Ok(id) => ids.push(Ok(id)),
-                Err(e) => ids.push(Err(e)),
-            }
+            ids.push(self.submit(Task::Transcribe, clip));
         }
         ids.into_iter()
-            .map(|id| id.and_then(|id| self.wait_result(id)))
+            .map(|id| match self.wait_result(id?)? {
+                Answer::Transcribed(response) => Ok(response),
+                Answer::Diarized(_) => Err(wrong_answer(Task::Transcribe)),
+            })
             .collect()
     }
 
-    fn submit(&self, clip: &[f32]) -> Result<u64, FleetError> {
+    /// Speaker turns of one whole recording, on the least-loaded diarization worker; blocks
+    /// while every diarization worker is full. Re-sent after a worker (or group) restart like a
+    /// transcription request.
+    pub fn diarize(&self, pcm_16k: &[f32]) -> Result<DiarizeResponse, FleetError> {
+        if !self.has_diarization() {
+            return Err(no_diarization_pool());
+        }
+        let id = self.submit(Task::Diarize, pcm_16k)?;
+        match self.wait_result(id)? {
+            Answer::Diarized(response) => Ok(response),
+            Answer::Transcribed(_) => Err(wrong_answer(Task::Diarize)),
+        }
+    }
+
+    fn submit(&self, task: Task, clip: &[f32]) -> Result<u64, FleetError> {
         let cfg = &self.shared.config;
         let deadline = Instant::now() + cfg.submit_timeout;
         let mut state = self.shared.lock();
@@ -369,6 +453,7 @@ impl Fleet {
         state.requests.insert(
             id,
             Request {
+                task,
                 pcm: Arc::new(clip.to_vec()),
                 on: None,
                 sent_at: None,
@@ -376,12 +461,12 @@ impl Fleet {
                 outcome: None,
             },
         );
-        state.waiting.push_back(id);
+        state.waiting.of(task).push_back(id);
         dispatch(&self.shared, &mut state);
         Ok(id)
     }
 
-    fn wait_result(&self, id: u64) -> Result<TranscribeResponse, FleetError> {
+    fn wait_result(&self, id: u64) -> Result<Answer, FleetError> {
         let mut state = self.shared.lock();
         loop {
             let done = state.requests.get(&id).is_none_or(|r| r.outcome.is_some());
@@ -397,5 +482,18 @@ impl Fleet {
                 .wait(state)
                 .unwrap_or_else(|p| p.into_inner());
         }
+    }
+}
+
+fn no_diarization_pool() -> FleetError {
+    FleetError::Config("this fleet has no diarization workers (no diarization model)".into())
+}
+
+/// Routing only matches a request with a worker of its task, and each answer is checked
+/// against the request's task on arrival; this is the typed error should that ever break.
+fn wrong_answer(task: Task) -> FleetError {
+    FleetError::Rejected {
+        kind: worker_protocol::WireErrorKind::BadRequest,
+        message: format!("a {} request got another task's answer (bug)", task.label()),
     }
 }

@@ -1,11 +1,13 @@
 //! The fleet's `/health` verdict: per group, how many workers are ready.
 //!
-//! Healthy means every group has at least one ready worker. A group with none (all crashed,
+//! Healthy means every group has at least one ready transcription worker and, when the fleet
+//! has a diarization pool, at least one ready diarization worker. A group with none (all crashed,
 //! or restarting together after an MPS fault) cannot serve its GPU's share of the work, which
 //! is what an orchestrator's readiness check should see; the other groups keep serving
 //! meanwhile, so a caller that only needs *some* capacity reads `any_ready`.
 
 use serde::Serialize;
+use worker_protocol::Task;
 
 use crate::config::FleetConfig;
 use crate::fleet::WorkerStatus;
@@ -15,8 +17,18 @@ pub struct GroupHealth {
     pub name: String,
     pub gpu: Option<u32>,
     pub mps: bool,
+    /// Transcription workers.
     pub instances: usize,
     pub ready: usize,
+    /// Diarization workers (0 without a diarization pool).
+    pub diarization_instances: usize,
+    pub diarization_ready: usize,
+}
+
+impl GroupHealth {
+    fn serves(&self) -> bool {
+        self.ready > 0 && (self.diarization_instances == 0 || self.diarization_ready > 0)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -34,19 +46,26 @@ impl FleetHealth {
         let groups: Vec<GroupHealth> = config
             .groups
             .iter()
-            .map(|g| GroupHealth {
-                name: g.name.clone(),
-                gpu: g.gpu,
-                mps: g.mps.is_some(),
-                instances: g.instances,
-                ready: workers
-                    .iter()
-                    .filter(|w| w.group == g.name && w.ready)
-                    .count(),
+            .map(|g| {
+                let ready = |task| {
+                    workers
+                        .iter()
+                        .filter(|w| w.group == g.name && w.task == task && w.ready)
+                        .count()
+                };
+                GroupHealth {
+                    name: g.name.clone(),
+                    gpu: g.gpu,
+                    mps: g.mps.is_some(),
+                    instances: g.instances,
+                    ready: ready(Task::Transcribe),
+                    diarization_instances: config.diarization.as_ref().map_or(0, |d| d.instances),
+                    diarization_ready: ready(Task::Diarize),
+                }
             })
             .collect();
         Self {
-            healthy: groups.iter().all(|g| g.ready > 0),
+            healthy: groups.iter().all(GroupHealth::serves),
             any_ready: groups.iter().any(|g| g.ready > 0),
             groups,
             workers,
@@ -67,6 +86,7 @@ mod tests {
             group: group.into(),
             gpu: None,
             slot,
+            task: Task::Transcribe,
             phase: if ready {
                 WorkerPhase::Ready
             } else {
@@ -113,5 +133,28 @@ mod tests {
             ],
         );
         assert!(h.healthy);
+
+        // With a diarization pool, a group also needs a ready diarization worker.
+        config.diarization = Some(crate::config::DiarizationPool {
+            model: PathBuf::new(),
+            engine: "cpu".into(),
+            instances: 1,
+            mps_thread_percentage: 12,
+        });
+        let diarizer = |group: &str, slot, ready| WorkerStatus {
+            task: Task::Diarize,
+            ..worker(group, slot, ready)
+        };
+        let mut workers = vec![
+            worker("cpu", 0, true),
+            worker("gpu1", 1, true),
+            diarizer("cpu", 2, true),
+            diarizer("gpu1", 3, false),
+        ];
+        let h = FleetHealth::from_status(&config, workers.clone());
+        assert!(!h.healthy && h.any_ready);
+        assert_eq!((h.groups[1].ready, h.groups[1].diarization_ready), (1, 0));
+        workers[3].ready = true;
+        assert!(FleetHealth::from_status(&config, workers).healthy);
     }
 }

@@ -5,6 +5,9 @@
 //!   group when the group runs under MPS, whose faults hit every client of the GPU), and re-sends
 //!   the requests a dead worker held. Routing: least outstanding work; backpressure when full.
 //! - [`FleetTranscriber`]: hypotheses to transcripts, shaped like the dispatcher's `Transcriber`.
+//! - Diarization: with a [`DiarizationPool`], every group also runs Sortformer workers
+//!   (`worker serve --task diarize`); [`Fleet::diarize`] sends a whole recording to the
+//!   least-loaded one. They share their GPU's MPS daemon, hence its group restarts.
 //! - [`mps`]: the environment and control-daemon commands of CUDA MPS, as data, and the
 //!   `terminate_client` exchange run before an MPS client is killed.
 //! - [`FleetOptions`]: the command-line shape of a fleet, shared by the standalone `fleet`
@@ -25,7 +28,7 @@ pub mod mps;
 mod options;
 mod transcriber;
 
-pub use config::{Backoff, FleetConfig, GroupConfig};
+pub use config::{Backoff, DiarizationPool, FleetConfig, GroupConfig};
 pub use error::FleetError;
 pub use events::FleetEvent;
 pub use fleet::{Fleet, FleetHooks, RestartCause, WorkerPhase, WorkerStatus};
@@ -35,3 +38,5 @@ pub use options::{gpu_groups, FleetOptions};
 pub use transcriber::FleetTranscriber;
 /// The kinds of [`FleetError::Rejected`].
 pub use worker_protocol::WireErrorKind;
+/// What a worker serves, in statuses and events.
+pub use worker_protocol::{DiarizeResponse, Task};

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use worker_protocol::Timings;
+use worker_protocol::{Task, Timings};
 
 use crate::fleet::RestartCause;
 
@@ -105,6 +105,7 @@ impl GroupMetrics {
 #[derive(Debug, Clone)]
 pub(crate) struct WorkerGauges {
     pub(crate) group: String,
+    pub(crate) task: Task,
     pub(crate) slot: usize,
     pub(crate) ready: bool,
     pub(crate) outstanding: usize,
@@ -116,7 +117,8 @@ pub(crate) struct WorkerGauges {
 #[derive(Debug, Clone)]
 pub(crate) struct Snapshot {
     pub(crate) waiting: usize,
-    pub(crate) groups: Vec<(String, GroupMetrics)>,
+    /// Per group and task (a task without workers is left out).
+    pub(crate) groups: Vec<(String, Task, GroupMetrics)>,
     pub(crate) workers: Vec<WorkerGauges>,
 }
 
@@ -144,8 +146,11 @@ impl Snapshot {
         for w in &self.workers {
             let _ = writeln!(
                 out,
-                "fleet_worker_queue_depth{{group=\"{}\",slot=\"{}\"}} {}",
-                w.group, w.slot, w.queue_depth
+                "fleet_worker_queue_depth{{group=\"{}\",task=\"{}\",slot=\"{}\"}} {}",
+                w.group,
+                w.task.label(),
+                w.slot,
+                w.queue_depth
             );
         }
         help(
@@ -157,8 +162,11 @@ impl Snapshot {
         for w in &self.workers {
             let _ = writeln!(
                 out,
-                "fleet_worker_outstanding_requests{{group=\"{}\",slot=\"{}\"}} {}",
-                w.group, w.slot, w.outstanding
+                "fleet_worker_outstanding_requests{{group=\"{}\",task=\"{}\",slot=\"{}\"}} {}",
+                w.group,
+                w.task.label(),
+                w.slot,
+                w.outstanding
             );
         }
         help(
@@ -170,8 +178,9 @@ impl Snapshot {
         for w in &self.workers {
             let _ = writeln!(
                 out,
-                "fleet_worker_ready{{group=\"{}\",slot=\"{}\"}} {}",
+                "fleet_worker_ready{{group=\"{}\",task=\"{}\",slot=\"{}\"}} {}",
                 w.group,
+                w.task.label(),
                 w.slot,
                 u8::from(w.ready)
             );
@@ -182,9 +191,9 @@ impl Snapshot {
             "histogram",
             "Requests per batch run by the workers.",
         );
-        for (group, m) in &self.groups {
-            m.batch_size
-                .render(&mut out, "fleet_batch_size", &format!("group=\"{group}\""));
+        for (group, task, m) in &self.groups {
+            let labels = format!("group=\"{group}\",task=\"{}\"", task.label());
+            m.batch_size.render(&mut out, "fleet_batch_size", &labels);
         }
         help(
             &mut out,
@@ -192,12 +201,10 @@ impl Snapshot {
             "histogram",
             "Engine time of one batch.",
         );
-        for (group, m) in &self.groups {
-            m.batch_seconds.render(
-                &mut out,
-                "fleet_batch_seconds",
-                &format!("group=\"{group}\""),
-            );
+        for (group, task, m) in &self.groups {
+            let labels = format!("group=\"{group}\",task=\"{}\"", task.label());
+            m.batch_seconds
+                .render(&mut out, "fleet_batch_seconds", &labels);
         }
         help(
             &mut out,
@@ -205,12 +212,10 @@ impl Snapshot {
             "histogram",
             "Time a request waited inside its worker before its batch started.",
         );
-        for (group, m) in &self.groups {
-            m.queue_wait_seconds.render(
-                &mut out,
-                "fleet_queue_wait_seconds",
-                &format!("group=\"{group}\""),
-            );
+        for (group, task, m) in &self.groups {
+            let labels = format!("group=\"{group}\",task=\"{}\"", task.label());
+            m.queue_wait_seconds
+                .render(&mut out, "fleet_queue_wait_seconds", &labels);
         }
         help(
             &mut out,
@@ -218,10 +223,11 @@ impl Snapshot {
             "counter",
             "Feature frames of the batched requests themselves.",
         );
-        for (group, m) in &self.groups {
+        for (group, task, m) in &self.groups {
+            let labels = format!("group=\"{group}\",task=\"{}\"", task.label());
             let _ = writeln!(
                 out,
-                "fleet_batch_frames_total{{group=\"{group}\"}} {}",
+                "fleet_batch_frames_total{{{labels}}} {}",
                 m.batch_frames
             );
         }
@@ -231,10 +237,11 @@ impl Snapshot {
             "counter",
             "Frames computed only as padding (padded batch frames minus real frames).",
         );
-        for (group, m) in &self.groups {
+        for (group, task, m) in &self.groups {
+            let labels = format!("group=\"{group}\",task=\"{}\"", task.label());
             let _ = writeln!(
                 out,
-                "fleet_padding_frames_total{{group=\"{group}\"}} {}",
+                "fleet_padding_frames_total{{{labels}}} {}",
                 m.padded_frames - m.batch_frames
             );
         }
@@ -244,12 +251,13 @@ impl Snapshot {
             "counter",
             "Worker restarts by cause.",
         );
-        for (group, m) in &self.groups {
+        for (group, task, m) in &self.groups {
+            let labels = format!("group=\"{group}\",task=\"{}\"", task.label());
             for cause in RestartCause::ALL {
                 let n = m.restarts.get(cause.label()).copied().unwrap_or(0);
                 let _ = writeln!(
                     out,
-                    "fleet_restarts_total{{group=\"{group}\",cause=\"{}\"}} {n}",
+                    "fleet_restarts_total{{{labels},cause=\"{}\"}} {n}",
                     cause.label()
                 );
             }
@@ -285,9 +293,13 @@ mod tests {
         m.observe_restart(RestartCause::Stuck);
         let text = Snapshot {
             waiting: 3,
-            groups: vec![("gpu0".into(), m)],
+            groups: vec![
+                ("gpu0".into(), Task::Transcribe, m),
+                ("gpu0".into(), Task::Diarize, GroupMetrics::default()),
+            ],
             workers: vec![WorkerGauges {
                 group: "gpu0".into(),
+                task: Task::Diarize,
                 slot: 0,
                 ready: true,
                 outstanding: 2,
@@ -297,20 +309,22 @@ mod tests {
         .render();
         for line in [
             "fleet_waiting_requests 3",
-            "fleet_worker_queue_depth{group=\"gpu0\",slot=\"0\"} 5",
-            "fleet_worker_outstanding_requests{group=\"gpu0\",slot=\"0\"} 2",
-            "fleet_worker_ready{group=\"gpu0\",slot=\"0\"} 1",
-            "fleet_batch_size_count{group=\"gpu0\"} 2",
-            "fleet_batch_size_bucket{group=\"gpu0\",le=\"2\"} 1",
-            "fleet_batch_size_bucket{group=\"gpu0\",le=\"4\"} 2",
-            "fleet_batch_size_sum{group=\"gpu0\"} 5",
-            "fleet_batch_seconds_bucket{group=\"gpu0\",le=\"0.25\"} 0",
-            "fleet_batch_seconds_bucket{group=\"gpu0\",le=\"0.5\"} 2",
-            "fleet_queue_wait_seconds_count{group=\"gpu0\"} 5",
-            "fleet_batch_frames_total{group=\"gpu0\"} 1300",
-            "fleet_padding_frames_total{group=\"gpu0\"} 600",
-            "fleet_restarts_total{group=\"gpu0\",cause=\"stuck\"} 1",
-            "fleet_restarts_total{group=\"gpu0\",cause=\"crashed\"} 0",
+            "fleet_worker_queue_depth{group=\"gpu0\",task=\"diarize\",slot=\"0\"} 5",
+            "fleet_worker_outstanding_requests{group=\"gpu0\",task=\"diarize\",slot=\"0\"} 2",
+            "fleet_worker_ready{group=\"gpu0\",task=\"diarize\",slot=\"0\"} 1",
+            "fleet_batch_size_count{group=\"gpu0\",task=\"transcribe\"} 2",
+            "fleet_batch_size_bucket{group=\"gpu0\",task=\"transcribe\",le=\"2\"} 1",
+            "fleet_batch_size_bucket{group=\"gpu0\",task=\"transcribe\",le=\"4\"} 2",
+            "fleet_batch_size_sum{group=\"gpu0\",task=\"transcribe\"} 5",
+            "fleet_batch_seconds_bucket{group=\"gpu0\",task=\"transcribe\",le=\"0.25\"} 0",
+            "fleet_batch_seconds_bucket{group=\"gpu0\",task=\"transcribe\",le=\"0.5\"} 2",
+            "fleet_queue_wait_seconds_count{group=\"gpu0\",task=\"transcribe\"} 5",
+            "fleet_batch_frames_total{group=\"gpu0\",task=\"transcribe\"} 1300",
+            "fleet_padding_frames_total{group=\"gpu0\",task=\"transcribe\"} 600",
+            "fleet_restarts_total{group=\"gpu0\",task=\"transcribe\",cause=\"stuck\"} 1",
+            "fleet_restarts_total{group=\"gpu0\",task=\"transcribe\",cause=\"crashed\"} 0",
+            "fleet_batch_size_count{group=\"gpu0\",task=\"diarize\"} 0",
+            "fleet_restarts_total{group=\"gpu0\",task=\"diarize\",cause=\"stuck\"} 0",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

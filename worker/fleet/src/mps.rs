@@ -59,6 +59,16 @@ pub fn worker_env(
     instances: usize,
     mps: Option<&MpsConfig>,
 ) -> Vec<(String, String)> {
+    let percentage = mps.map_or(100, |m| m.thread_percentage(instances));
+    client_env(gpu, percentage, mps)
+}
+
+/// [`worker_env`] with an explicit thread percentage (the diarization workers' own share).
+pub fn client_env(
+    gpu: Option<u32>,
+    thread_percentage: u32,
+    mps: Option<&MpsConfig>,
+) -> Vec<(String, String)> {
     let mut env = Vec::new();
     let Some(gpu) = gpu else {
         return env;
@@ -72,7 +82,7 @@ pub fn worker_env(
         env.push(("CUDA_MPS_LOG_DIRECTORY".into(), path_str(&dirs.log)));
         env.push((
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(),
-            mps.thread_percentage(instances).to_string(),
+            thread_percentage.to_string(),
         ));
     }
     env

@@ -1,11 +1,12 @@
 //! A fleet on the command line: the flags (and `FLEET_*` environment variables) shared by the
 //! standalone `fleet` supervisor and the dispatcher's `--engine fleet`. The worker engine and
-//! the model are not here: each program names those its own way.
+//! the models (transcription and diarization) are not here: each program names those its own
+//! way.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::config::{FleetConfig, GroupConfig};
+use crate::config::{DiarizationPool, FleetConfig, GroupConfig};
 use crate::error::FleetError;
 use crate::mps::MpsConfig;
 
@@ -65,11 +66,33 @@ pub struct FleetOptions {
     /// Spawn to ready (model load and warm-up), at most.
     #[arg(long, env = "FLEET_STARTUP_TIMEOUT_S", default_value_t = 300)]
     pub startup_timeout_s: u64,
+    /// Sortformer diarization workers per GPU (in CPU mode: in the CPU group), when a
+    /// diarization model is given. Under MPS they are clients of the GPU's daemon.
+    #[arg(long, env = "FLEET_DIAR_WORKERS_PER_GPU", default_value_t = 8)]
+    pub diar_workers_per_gpu: usize,
+    /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` of each diarization worker.
+    #[arg(long, env = "FLEET_DIAR_MPS_PERCENTAGE", default_value_t = 12,
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub diar_mps_percentage: u32,
+    /// Engine of the diarization workers, `cpu` or `cuda` (default: the transcription
+    /// workers' engine).
+    #[arg(long, env = "FLEET_DIAR_ENGINE")]
+    pub diar_engine: Option<String>,
 }
 
 impl FleetOptions {
     /// The fleet running `worker serve --engine <engine> --model <model>`.
     pub fn to_config(&self, engine: &str, model: &Path) -> Result<FleetConfig, FleetError> {
+        self.to_config_with_diarization(engine, model, None)
+    }
+
+    /// [`Self::to_config`] plus, with `diar_model`, a diarization pool in every group.
+    pub fn to_config_with_diarization(
+        &self,
+        engine: &str,
+        model: &Path,
+        diar_model: Option<&Path>,
+    ) -> Result<FleetConfig, FleetError> {
         let runtime_dir = self
             .runtime_dir
             .clone()
@@ -110,6 +133,15 @@ impl FleetOptions {
         config.request_timeout = Duration::from_secs(self.request_timeout_s);
         config.health_timeout = Duration::from_millis(self.health_timeout_ms);
         config.startup_timeout = Duration::from_secs(self.startup_timeout_s);
+        config.diarization = diar_model.map(|path| DiarizationPool {
+            model: path.to_owned(),
+            engine: self
+                .diar_engine
+                .clone()
+                .unwrap_or_else(|| engine.to_owned()),
+            instances: self.diar_workers_per_gpu,
+            mps_thread_percentage: self.diar_mps_percentage,
+        });
         config.validate().map_err(FleetError::Config)?;
         Ok(config)
     }
@@ -204,6 +236,51 @@ mod tests {
         // no device (the server remaps GPU 1 to ordinal 0).
         assert!(!w1.iter().any(|(k, _)| k == "CUDA_VISIBLE_DEVICES"));
         assert!(w0.contains(&("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), "25".into())));
+    }
+
+    #[test]
+    fn diarization_pool_defaults_to_8_workers_at_12_percent() {
+        let opts = parse(&["--gpus", "0", "--worker-binary", "w"]).unwrap();
+        assert!(opts
+            .to_config("cuda", Path::new("m"))
+            .unwrap()
+            .diarization
+            .is_none());
+        let cfg = opts
+            .to_config_with_diarization("cuda", Path::new("m"), Some(Path::new("/s.nemo")))
+            .unwrap();
+        let pool = cfg.diarization.as_ref().unwrap();
+        assert_eq!(pool.model, PathBuf::from("/s.nemo"));
+        assert_eq!((pool.engine.as_str(), pool.instances), ("cuda", 8));
+        assert_eq!(pool.mps_thread_percentage, 12);
+        let mps = cfg.groups[0].mps.as_ref();
+        let env = crate::mps::client_env(Some(0), pool.mps_thread_percentage, mps);
+        assert!(env.contains(&("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".into(), "12".into())));
+
+        let opts = parse(&[
+            "--cpu-instances",
+            "1",
+            "--diar-workers-per-gpu",
+            "2",
+            "--diar-engine",
+            "cpu",
+            "--diar-mps-percentage",
+            "20",
+            "--worker-binary",
+            "w",
+        ])
+        .unwrap();
+        let cfg = opts
+            .to_config_with_diarization("onnx", Path::new("m"), Some(Path::new("s")))
+            .unwrap();
+        let pool = cfg.diarization.unwrap();
+        assert_eq!((pool.engine.as_str(), pool.instances), ("cpu", 2));
+        assert_eq!(pool.mps_thread_percentage, 20);
+        assert!(parse(&["--diar-mps-percentage", "0"]).is_err());
+        let zero = parse(&["--cpu-instances", "1", "--diar-workers-per-gpu", "0"]).unwrap();
+        assert!(zero
+            .to_config_with_diarization("cpu", Path::new("m"), Some(Path::new("s")))
+            .is_err());
     }
 
     #[test]

@@ -121,7 +121,7 @@ fn supervisor_reports_restarts_serves_health_and_stops_on_sigterm() -> Result<()
         let (status, metrics) = http_get(&addr, "/metrics")?;
         assert_eq!(status, 200);
         assert!(
-            metrics.contains("fleet_worker_ready{group=\"cpu\",slot=\"1\"} 1"),
+            metrics.contains("fleet_worker_ready{group=\"cpu\",task=\"transcribe\",slot=\"1\"} 1"),
             "{metrics}"
         );
 
@@ -136,7 +136,9 @@ fn supervisor_reports_restarts_serves_health_and_stops_on_sigterm() -> Result<()
         pids.push(replaced["pid"].as_u64().context("pid")? as u32);
         let (_, metrics) = http_get(&addr, "/metrics")?;
         assert!(
-            metrics.contains("fleet_restarts_total{group=\"cpu\",cause=\"crashed\"} 1"),
+            metrics.contains(
+                "fleet_restarts_total{group=\"cpu\",task=\"transcribe\",cause=\"crashed\"} 1"
+            ),
             "{metrics}"
         );
 

@@ -2,9 +2,10 @@
 //! operators): frames of `u32` big-endian length + postcard body over a Unix socket.
 //!
 //! A connection starts with [`ClientMessage::Hello`] carrying [`PROTOCOL_VERSION`]; the worker
-//! answers [`WorkerMessage::Hello`] (or a typed error, then closes). After that the client sends
-//! transcription requests, cancels and health pings in any order and the worker answers each
-//! request exactly once, in completion order, keyed by the client's request id.
+//! answers [`WorkerMessage::Hello`] (or a typed error, then closes), which names the [`Task`]
+//! it serves. After that the client sends requests of that task (transcription or
+//! diarization), cancels and health pings in any order and the worker answers each request
+//! exactly once, in completion order, keyed by the client's request id.
 //!
 //! Decoding never trusts the peer: a length above the frame limit is refused before anything is
 //! allocated, and a body that does not decode is a [`ProtocolError`], never a panic.
@@ -18,9 +19,9 @@ pub use frame::{decode_body, encode_frame, read_frame, write_frame, MAX_FRAME_BY
 #[cfg(feature = "tokio")]
 pub use frame::{read_frame_async, write_frame_async};
 pub use messages::{
-    Audio, ClientMessage, DeviceReport, HealthReport, ModelInfo, MpsReport, RequestId, Timings,
-    TranscribeRequest, TranscribeResponse, WireError, WireErrorKind, WorkerInfo, WorkerMessage,
-    WorkerState, PROTOCOL_VERSION,
+    Audio, ClientMessage, DeviceReport, DiarizeRequest, DiarizeResponse, HealthReport, ModelInfo,
+    MpsReport, RequestId, Task, Timings, TranscribeRequest, TranscribeResponse, WireError,
+    WireErrorKind, WorkerInfo, WorkerMessage, WorkerState, PROTOCOL_VERSION,
 };
 
 #[cfg(test)]

@@ -1,13 +1,16 @@
 //! Every message on the wire. Adding a variant or field changes the encoding: bump
 //! [`PROTOCOL_VERSION`] with it (postcard is not self-describing, so there is no silent skew).
 
+use models::speakers::SpeakerSegment;
 use models::transcript::Hypothesis;
 use serde::{Deserialize, Serialize};
 
 /// Version 1: PCM requests, hypotheses with optional confidences, health pings.
 /// Version 2: the handshake's optional [`DeviceReport`]; batch sequence number and real
 /// (unpadded) frames in [`Timings`], so a client can aggregate per-batch metrics.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// Version 3: the [`Task`] a worker serves in its handshake; diarization requests and
+/// answers ([`DiarizeRequest`], [`DiarizeResponse`]).
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// Chosen by the client, unique per connection; the worker echoes it.
 pub type RequestId = u64;
@@ -26,6 +29,49 @@ pub enum ClientMessage {
     Health {
         nonce: u64,
     },
+    /// Speaker turns of one whole recording (only a [`Task::Diarize`] worker accepts it).
+    Diarize(DiarizeRequest),
+}
+
+/// What a worker process serves; fixed for its lifetime and stated in its handshake. A
+/// request of the other kind is answered with [`WireErrorKind::BadRequest`].
+/// (JSON, e.g. in fleet events: `"transcribe"`, `"diarize"`; postcard encodes the index.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Task {
+    Transcribe,
+    Diarize,
+}
+
+impl Task {
+    pub const ALL: [Self; 2] = [Self::Transcribe, Self::Diarize];
+
+    /// Label for logs, metrics and health (`transcribe`, `diarize`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Transcribe => "transcribe",
+            Self::Diarize => "diarize",
+        }
+    }
+}
+
+/// A whole recording: the model streams over it with per-recording state, so it is never cut
+/// into segments by the client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiarizeRequest {
+    pub id: RequestId,
+    pub audio: Audio,
+    /// Give up (answering `DeadlineExceeded`) if not started within this many ms of arrival.
+    pub deadline_ms: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiarizeResponse {
+    pub id: RequestId,
+    /// Speaker turns after post-processing, in seconds from the recording's start.
+    pub segments: Vec<SpeakerSegment>,
+    /// As for transcription; a diarization "batch" is always one recording.
+    pub timings: Timings,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -63,12 +109,15 @@ pub enum WorkerMessage {
         error: WireError,
     },
     Health(HealthReport),
+    Diarized(DiarizeResponse),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkerInfo {
     /// `cpu`, `onnx`, `cuda`.
     pub engine: String,
+    /// Which requests this worker accepts.
+    pub task: Task,
     pub pid: u32,
     pub model: ModelInfo,
     /// The GPU this worker runs on, as its engine probed it; `None` on the CPU engines.
@@ -96,7 +145,8 @@ pub struct MpsReport {
 }
 
 /// What a client needs to turn hypotheses into timed text without loading the weights
-/// (the fields of `models::timestamps::FrameTiming`, plus the vocabulary).
+/// (the fields of `models::timestamps::FrameTiming`, plus the vocabulary). A diarization
+/// worker sends its model's path, feature hop and subsampling with an empty vocabulary.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelInfo {
     /// The model's path as the worker was given it.

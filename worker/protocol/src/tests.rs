@@ -2,6 +2,7 @@
 
 use std::io::Cursor;
 
+use models::speakers::SpeakerSegment;
 use models::transcript::{DecodedToken, Hypothesis};
 
 use crate::*;
@@ -36,6 +37,71 @@ fn response() -> WorkerMessage {
     })
 }
 
+fn diarize_request() -> ClientMessage {
+    ClientMessage::Diarize(DiarizeRequest {
+        id: 43,
+        audio: Audio::Pcm16k(vec![0.25; 5]),
+        deadline_ms: None,
+    })
+}
+
+fn diarized() -> WorkerMessage {
+    WorkerMessage::Diarized(DiarizeResponse {
+        id: 43,
+        segments: vec![
+            SpeakerSegment {
+                speaker: 1,
+                start_s: 0.08,
+                end_s: 2.5,
+            },
+            SpeakerSegment {
+                speaker: 0,
+                start_s: 2.0,
+                end_s: 3.25,
+            },
+        ],
+        timings: Timings {
+            queue_us: 3,
+            batch_us: 40_000,
+            batch_size: 1,
+            padded_frames: 31,
+            batch_frames: 31,
+            batch_seq: 2,
+        },
+    })
+}
+
+#[test]
+fn diarization_messages_round_trip_and_differ_from_transcription() {
+    let mut wire = Vec::new();
+    write_frame(&mut wire, &diarize_request()).unwrap();
+    write_frame(&mut wire, &diarized()).unwrap();
+    let mut r = Cursor::new(wire);
+    assert_eq!(
+        read_frame::<ClientMessage>(&mut r).unwrap(),
+        diarize_request()
+    );
+    assert_eq!(read_frame::<WorkerMessage>(&mut r).unwrap(), diarized());
+    // Same id and audio, other task: a different message on the wire, never confused.
+    let ClientMessage::Diarize(d) = diarize_request() else {
+        unreachable!()
+    };
+    let as_transcribe = ClientMessage::Transcribe(TranscribeRequest {
+        id: d.id,
+        audio: d.audio,
+        deadline_ms: d.deadline_ms,
+    });
+    let (a, b) = (
+        encode_frame(&as_transcribe).unwrap(),
+        encode_frame(&diarize_request()).unwrap(),
+    );
+    assert_ne!(a, b);
+    assert_eq!(
+        decode_body::<ClientMessage>(&b[4..]).unwrap(),
+        diarize_request()
+    );
+}
+
 #[test]
 fn messages_round_trip_through_frames() {
     let mut wire = Vec::new();
@@ -61,6 +127,7 @@ fn handshake_carries_the_device_report() {
         version: PROTOCOL_VERSION,
         worker: WorkerInfo {
             engine: "cuda".into(),
+            task: Task::Diarize,
             pid: 77,
             model: ModelInfo {
                 path: "/m.nemo".into(),
@@ -82,7 +149,18 @@ fn handshake_carries_the_device_report() {
         },
     };
     let frame = encode_frame(&hello).unwrap();
-    assert_eq!(decode_body::<WorkerMessage>(&frame[4..]).unwrap(), hello);
+    let decoded = decode_body::<WorkerMessage>(&frame[4..]).unwrap();
+    assert_eq!(decoded, hello);
+    assert!(matches!(
+        decoded,
+        WorkerMessage::Hello {
+            worker: WorkerInfo {
+                task: Task::Diarize,
+                ..
+            },
+            ..
+        }
+    ));
 }
 
 #[test]
@@ -141,12 +219,16 @@ fn garbage_bodies_give_typed_errors() {
 
 #[test]
 fn mutated_valid_frames_never_panic() {
-    let frame = encode_frame(&response()).unwrap();
-    for i in 4..frame.len() {
-        for flip in [0x01u8, 0x80, 0xff] {
-            let mut body = frame[4..].to_vec();
-            body[i - 4] ^= flip;
-            let _ = decode_body::<WorkerMessage>(&body);
+    for frame in [
+        encode_frame(&response()).unwrap(),
+        encode_frame(&diarized()).unwrap(),
+    ] {
+        for i in 4..frame.len() {
+            for flip in [0x01u8, 0x80, 0xff] {
+                let mut body = frame[4..].to_vec();
+                body[i - 4] ^= flip;
+                let _ = decode_body::<WorkerMessage>(&body);
+            }
         }
     }
 }

@@ -25,7 +25,16 @@ pub fn worker_binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_worker"))
 }
 
-fn read_wav(path: &Path) -> Result<Vec<f32>> {
+/// The tiny random-weight Sortformer fixture and its three-speaker clip.
+pub fn sortformer_path() -> PathBuf {
+    fixtures().join("sortformer-tiny/model.nemo")
+}
+
+pub fn three_speakers() -> Result<Vec<f32>> {
+    read_wav(&fixtures().join("sortformer-tiny/three_speakers.wav"))
+}
+
+pub fn read_wav(path: &Path) -> Result<Vec<f32>> {
     let mut reader = hound::WavReader::open(path).with_context(|| path.display().to_string())?;
     reader
         .samples::<i16>()
@@ -108,6 +117,11 @@ impl WorkerProcess {
 
     /// A connection after a successful handshake.
     pub fn connect(&self) -> Result<UnixStream> {
+        Ok(self.handshake()?.0)
+    }
+
+    /// A connection and the worker's handshake.
+    pub fn handshake(&self) -> Result<(UnixStream, worker_protocol::WorkerInfo)> {
         let mut stream = UnixStream::connect(&self.socket)?;
         stream.set_read_timeout(Some(Duration::from_secs(60)))?;
         write_frame(
@@ -118,7 +132,7 @@ impl WorkerProcess {
             },
         )?;
         match read_frame::<WorkerMessage>(&mut stream)? {
-            WorkerMessage::Hello { .. } => Ok(stream),
+            WorkerMessage::Hello { worker, .. } => Ok((stream, worker)),
             other => bail!("expected Hello, got {other:?}"),
         }
     }

@@ -2,7 +2,9 @@
 
 use std::process::Child;
 
-use super::{Fleet, Phase, RestartCause, WorkerPhase, WorkerStatus};
+use worker_protocol::Task;
+
+use super::{metrics_index, Fleet, Phase, RestartCause, WorkerPhase, WorkerStatus};
 use crate::config::FleetConfig;
 use crate::metrics::{Snapshot, WorkerGauges};
 
@@ -24,6 +26,7 @@ impl Fleet {
                     group: group.name.clone(),
                     gpu: group.gpu,
                     slot: i,
+                    task: s.task,
                     phase,
                     ready: phase == WorkerPhase::Ready,
                     pid: s.child.as_ref().map(Child::id),
@@ -56,8 +59,15 @@ impl Fleet {
             waiting: state.waiting.len(),
             groups: groups
                 .iter()
-                .map(|g| g.name.clone())
-                .zip(state.metrics.iter().cloned())
+                .enumerate()
+                .flat_map(|(g, group)| Task::ALL.into_iter().map(move |task| (g, group, task)))
+                .filter(|&(_, _, task)| {
+                    task == Task::Transcribe || self.shared.config.diarization.is_some()
+                })
+                .map(|(g, group, task)| {
+                    let metrics = state.metrics[metrics_index(g, task)].clone();
+                    (group.name.clone(), task, metrics)
+                })
                 .collect(),
             workers: state
                 .slots
@@ -65,6 +75,7 @@ impl Fleet {
                 .enumerate()
                 .map(|(i, s)| WorkerGauges {
                     group: groups[s.group].name.clone(),
+                    task: s.task,
                     slot: i,
                     ready: matches!(s.phase, Phase::Ready),
                     outstanding: s.outstanding.len(),

@@ -1,23 +1,33 @@
-//! Routing: waiting requests to the least-loaded ready worker, answers back to their requests.
+//! Routing: waiting requests to the least-loaded ready worker of their task, answers back to
+//! their requests.
 
 use worker_protocol::{
-    Audio, ClientMessage, TranscribeRequest, WireErrorKind, WorkerMessage, WorkerState,
+    Audio, ClientMessage, DiarizeRequest, Task, Timings, TranscribeRequest, WireErrorKind,
+    WorkerMessage, WorkerState,
 };
 
 use super::supervise::fail_slot;
-use super::{Phase, RestartCause, Shared, State, HOP_SAMPLES};
+use super::{metrics_index, Answer, Phase, RestartCause, Shared, State, HOP_SAMPLES};
 use crate::client::Connection;
 use crate::error::FleetError;
 use std::time::Instant;
 
-/// Sends waiting requests to the ready worker with the least outstanding work that has room.
+/// Sends waiting requests to the ready worker of their task with the least outstanding work
+/// that has room.
 pub(super) fn dispatch(shared: &Shared, state: &mut State) {
+    for task in Task::ALL {
+        dispatch_task(shared, state, task);
+    }
+}
+
+fn dispatch_task(shared: &Shared, state: &mut State, task: Task) {
     let max = shared.config.max_outstanding_per_worker;
-    while let Some(&id) = state.waiting.front() {
+    while let Some(&id) = state.waiting.of(task).front() {
         let target = state
             .slots
             .iter()
             .enumerate()
+            .filter(|(_, s)| s.task == task)
             .filter(|(_, s)| matches!(s.phase, Phase::Ready) && s.broken.is_none())
             .filter(|(_, s)| s.outstanding.len() < max)
             .min_by_key(|(_, s)| (s.outstanding_frames, s.outstanding.len()))
@@ -25,7 +35,7 @@ pub(super) fn dispatch(shared: &Shared, state: &mut State) {
         let Some(slot_index) = target else {
             return;
         };
-        state.waiting.pop_front();
+        state.waiting.of(task).pop_front();
         let Some(req) = state.requests.get_mut(&id) else {
             continue;
         };
@@ -33,11 +43,19 @@ pub(super) fn dispatch(shared: &Shared, state: &mut State) {
             continue;
         }
         let slot = &mut state.slots[slot_index];
-        let message = ClientMessage::Transcribe(TranscribeRequest {
-            id,
-            audio: Audio::Pcm16k(req.pcm.to_vec()),
-            deadline_ms: None,
-        });
+        let audio = Audio::Pcm16k(req.pcm.to_vec());
+        let message = match task {
+            Task::Transcribe => ClientMessage::Transcribe(TranscribeRequest {
+                id,
+                audio,
+                deadline_ms: None,
+            }),
+            Task::Diarize => ClientMessage::Diarize(DiarizeRequest {
+                id,
+                audio,
+                deadline_ms: None,
+            }),
+        };
         req.on = Some((slot_index, slot.generation));
         req.sent_at = Some(Instant::now());
         slot.outstanding.insert(id);
@@ -78,23 +96,14 @@ pub(super) fn on_message(shared: &Shared, slot: usize, generation: u64, message:
     }
     match message {
         WorkerMessage::Result(response) => {
-            let id = response.id;
-            let s = &mut state.slots[slot];
-            let new_batch = s.last_batch_seq != Some(response.timings.batch_seq);
-            s.last_batch_seq = Some(response.timings.batch_seq);
-            let group = s.group;
-            state.metrics[group].observe_answer(&response.timings, new_batch);
-            let ours = state
-                .requests
-                .get(&id)
-                .is_some_and(|r| r.on == Some((slot, generation)));
-            if ours {
-                unassign(&mut state, id);
-                state.slots[slot].failures = 0;
-                if let Some(req) = state.requests.get_mut(&id) {
-                    req.outcome = Some(Ok(response));
-                }
-            }
+            let (id, timings) = (response.id, response.timings);
+            let answer = Answer::Transcribed(response);
+            answered(shared, &mut state, (slot, generation), id, &timings, answer);
+        }
+        WorkerMessage::Diarized(response) => {
+            let (id, timings) = (response.id, response.timings);
+            let answer = Answer::Diarized(response);
+            answered(shared, &mut state, (slot, generation), id, &timings, answer);
         }
         WorkerMessage::Error {
             id: Some(id),
@@ -109,7 +118,9 @@ pub(super) fn on_message(shared: &Shared, slot: usize, generation: u64, message:
                 match error.kind {
                     // Not this request's fault: try again elsewhere.
                     WireErrorKind::Overloaded | WireErrorKind::ShuttingDown => {
-                        state.waiting.push_front(id)
+                        if let Some(task) = state.requests.get(&id).map(|r| r.task) {
+                            state.waiting.of(task).push_front(id);
+                        }
                     }
                     kind => {
                         if let Some(req) = state.requests.get_mut(&id) {
@@ -141,4 +152,47 @@ pub(super) fn on_message(shared: &Shared, slot: usize, generation: u64, message:
     dispatch(shared, &mut state);
     drop(state);
     shared.changed.notify_all();
+}
+
+/// A result for request `id` from `(slot, generation)`: metrics, then the request's outcome if
+/// the request is still this worker's. An answer of the wrong task means the worker is not
+/// what its handshake said: it is restarted and the request re-sent.
+fn answered(
+    shared: &Shared,
+    state: &mut State,
+    (slot, generation): (usize, u64),
+    id: u64,
+    timings: &Timings,
+    answer: Answer,
+) {
+    let s = &mut state.slots[slot];
+    let new_batch = s.last_batch_seq != Some(timings.batch_seq);
+    s.last_batch_seq = Some(timings.batch_seq);
+    let (group, task) = (s.group, s.task);
+    let answer_task = match answer {
+        Answer::Transcribed(_) => Task::Transcribe,
+        Answer::Diarized(_) => Task::Diarize,
+    };
+    if answer_task != task {
+        tracing::error!(
+            slot,
+            task = task.label(),
+            answer = answer_task.label(),
+            "worker answered with another task's result; restarting it"
+        );
+        fail_slot(shared, state, slot, RestartCause::Crashed);
+        return;
+    }
+    state.metrics[metrics_index(group, task)].observe_answer(timings, new_batch);
+    let ours = state
+        .requests
+        .get(&id)
+        .is_some_and(|r| r.on == Some((slot, generation)));
+    if ours {
+        unassign(state, id);
+        state.slots[slot].failures = 0;
+        if let Some(req) = state.requests.get_mut(&id) {
+            req.outcome = Some(Ok(answer));
+        }
+    }
 }

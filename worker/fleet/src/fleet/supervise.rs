@@ -6,10 +6,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use worker_protocol::ClientMessage;
+use worker_protocol::{ClientMessage, Task};
 
 use super::routing::{dispatch, on_message, send};
-use super::{Phase, RestartCause, Shared, Slot, State, HANDSHAKE_TIMEOUT, TICK};
+use super::{metrics_index, Phase, RestartCause, Shared, Slot, State, HANDSHAKE_TIMEOUT, TICK};
 use crate::client::{Opened, WriteFailure};
 use crate::error::FleetError;
 use crate::events::FleetEvent;
@@ -17,7 +17,8 @@ use crate::load_lock::LoadLock;
 use crate::mps;
 
 /// Kills the slot's worker, re-queues what it held and schedules a restart with backoff. In an
-/// MPS group the other workers of the GPU go too: the fault reached them as well. Under MPS,
+/// MPS group the other workers of the GPU go too, diarization and transcription workers alike
+/// (all are clients of the GPU's one daemon): the fault reached them as well. Under MPS,
 /// the GPU's daemon is first asked to terminate every client about to be killed (NVIDIA: a
 /// client killed with work outstanding can leave the server hung or corrupt).
 pub(super) fn fail_slot(shared: &Shared, state: &mut State, slot: usize, cause: RestartCause) {
@@ -92,20 +93,23 @@ fn terminate_mps_clients(
 
 fn take_down(shared: &Shared, state: &mut State, slot: usize, cause: RestartCause) {
     let group = state.slots[slot].group;
+    let task = state.slots[slot].task;
     let group_name = shared.config.groups[group].name.clone();
     let pid = state.slots[slot]
         .child
         .as_ref()
         .map(std::process::Child::id);
-    tracing::warn!(group = %group_name, slot, pid, ?cause, "restarting worker");
+    tracing::warn!(group = %group_name, slot, task = task.label(), pid, ?cause,
+        "restarting worker");
     shared.emit(FleetEvent::WorkerRestart {
         group: group_name,
         slot,
+        task,
         pid,
         cause,
     });
     *state.restarts.entry(cause).or_default() += 1;
-    state.metrics[group].observe_restart(cause);
+    state.metrics[metrics_index(group, task)].observe_restart(cause);
     let s = &mut state.slots[slot];
     s.info = None;
     s.last_batch_seq = None;
@@ -142,7 +146,7 @@ fn take_down(shared: &Shared, state: &mut State, slot: usize, cause: RestartCaus
                     attempts: req.attempts,
                 }));
             } else {
-                state.waiting.push_front(id);
+                state.waiting.of(req.task).push_front(id);
             }
         }
     }
@@ -161,20 +165,30 @@ fn spawn_worker(shared: &Shared, slot: &Slot) -> std::io::Result<Child> {
             command.env_remove(name);
         }
     }
+    let (model, engine, env) = match (slot.task, &cfg.diarization) {
+        (Task::Diarize, Some(pool)) => (
+            &pool.model,
+            &pool.engine,
+            mps::client_env(group.gpu, pool.mps_thread_percentage, group.mps.as_ref()),
+        ),
+        _ => (
+            &cfg.model,
+            &cfg.engine,
+            mps::worker_env(group.gpu, group.instances, group.mps.as_ref()),
+        ),
+    };
     command
         .arg("serve")
         .arg("--socket")
         .arg(&slot.socket)
+        .arg("--task")
+        .arg(slot.task.label())
         .arg("--model")
-        .arg(&cfg.model)
+        .arg(model)
         .arg("--engine")
-        .arg(&cfg.engine)
+        .arg(engine)
         .args(&cfg.worker_args)
-        .envs(mps::worker_env(
-            group.gpu,
-            group.instances,
-            group.mps.as_ref(),
-        ))
+        .envs(env)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -311,6 +325,21 @@ fn try_connect(shared: &Arc<Shared>, slot: usize, generation: u64, socket: &std:
         }
     };
     let info = opened.info.clone();
+    let task = state.slots[slot].task;
+    if info.task != task {
+        // Never route a job to the wrong kind of worker: a worker that is not what this slot
+        // spawned (a stale or foreign process on the socket) is replaced.
+        tracing::error!(
+            slot,
+            expected = task.label(),
+            got = info.task.label(),
+            pid = info.pid,
+            "worker serves another task; restarting the slot"
+        );
+        opened.close();
+        fail_slot(shared, &mut state, slot, RestartCause::StartFailed);
+        return;
+    }
     let (on_msg, on_end) = (Arc::downgrade(shared), Arc::downgrade(shared));
     let started = opened.start(
         &format!("fleet-{slot}"),
@@ -347,22 +376,24 @@ fn try_connect(shared: &Arc<Shared>, slot: usize, generation: u64, socket: &std:
     s.last_ping = Instant::now();
     s.info = Some(info.clone());
     let group = &shared.config.groups[s.group];
-    let assigned = group
-        .mps
-        .as_ref()
-        .filter(|_| group.gpu.is_some())
-        .map(|m| m.thread_percentage(group.instances));
-    tracing::info!(group = %group.name, slot, pid = info.pid, engine = %info.engine,
-        device = ?info.device, "worker ready");
+    let assigned = group.mps.as_ref().filter(|_| group.gpu.is_some()).map(|m| {
+        match (task, &shared.config.diarization) {
+            (Task::Diarize, Some(pool)) => pool.mps_thread_percentage,
+            _ => m.thread_percentage(group.instances),
+        }
+    });
+    tracing::info!(group = %group.name, slot, task = task.label(), pid = info.pid,
+        engine = %info.engine, device = ?info.device, "worker ready");
     shared.emit(FleetEvent::WorkerReady {
         group: group.name.clone(),
         slot,
+        task,
         pid: info.pid,
         engine: info.engine.clone(),
         device: info.device.clone(),
         assigned_thread_percentage: assigned,
     });
-    if state.model.is_none() {
+    if state.model.is_none() && task == Task::Transcribe {
         state.model = Some(info.model);
     }
 }

@@ -42,9 +42,13 @@ struct Args {
     /// The engine every worker runs (`worker serve --engine`).
     #[arg(long, env = "FLEET_ENGINE", value_enum)]
     engine: WorkerEngine,
-    /// The model every worker loads (`.nemo`, or an ONNX export directory).
+    /// The model every transcription worker loads (`.nemo`, or an ONNX export directory).
     #[arg(long, env = "FLEET_MODEL")]
     model: PathBuf,
+    /// A Sortformer `.nemo`: run a diarization pool next to the transcription workers of
+    /// every group (`--diar-workers-per-gpu`, `--diar-mps-percentage`, `--diar-engine`).
+    #[arg(long, env = "FLEET_DIAR_MODEL")]
+    diar_model: Option<PathBuf>,
     /// Serve `/health` (JSON; 200 when every group has a ready worker) and `/metrics`
     /// (Prometheus text) here.
     #[arg(long, env = "FLEET_METRICS_ADDR", default_value = "127.0.0.1:9410")]
@@ -63,7 +67,7 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let config = args
         .fleet
-        .to_config(args.engine.name(), &args.model)
+        .to_config_with_diarization(args.engine.name(), &args.model, args.diar_model.as_deref())
         .context("fleet options")?;
     let (events, printed) = std::sync::mpsc::channel::<FleetEvent>();
     let printer = std::thread::Builder::new()

@@ -1,0 +1,57 @@
+//! Streaming Sortformer on the GPU (`cuda-engine`'s [`GpuSortformer`]) behind the worker's
+//! [`DiarizationEngine`] trait. Warmed up (one full-size streaming step) before the worker
+//! reports ready; a sticky CUDA fault exits the worker with status 70 like the transcription
+//! engine (`WorkerError::Cuda` is fatal when sticky).
+
+use std::path::Path;
+
+use cuda_engine::{DeviceProbe, GpuSortformer};
+use models::speakers::SpeakerSegment;
+use worker_protocol::{DeviceReport, ModelInfo};
+
+use crate::cuda_engine::device_report;
+use crate::diar_engine::{model_info, DiarizationEngine};
+use crate::engine::EngineKind;
+use crate::error::WorkerError;
+
+pub struct CudaDiarizer {
+    model: GpuSortformer,
+    path: String,
+    probe: DeviceProbe,
+}
+
+impl CudaDiarizer {
+    pub fn load(path: &Path, device: usize) -> Result<Self, WorkerError> {
+        let model = GpuSortformer::load(path, device).map_err(WorkerError::Cuda)?;
+        let probe = model.engine().probe().map_err(WorkerError::Cuda)?;
+        tracing::info!(device = %probe.summary(), "CUDA diarization engine loaded");
+        model.warm_up().map_err(WorkerError::Cuda)?;
+        Ok(Self {
+            model,
+            path: path.display().to_string(),
+            probe,
+        })
+    }
+}
+
+impl DiarizationEngine for CudaDiarizer {
+    fn name(&self) -> &'static str {
+        EngineKind::Cuda.name()
+    }
+
+    fn model_info(&self) -> ModelInfo {
+        model_info(&self.path, self.model.model().config())
+    }
+
+    fn device(&self) -> Option<DeviceReport> {
+        Some(device_report(&self.probe))
+    }
+
+    fn diarize(&mut self, pcm_16k: &[f32]) -> Result<Vec<SpeakerSegment>, WorkerError> {
+        self.model.diarize(pcm_16k).map_err(WorkerError::Cuda)
+    }
+
+    fn hop_samples(&self) -> usize {
+        self.model.model().config().features.hop_length_samples
+    }
+}
