@@ -36,6 +36,6 @@ pub use ops::{
     stride2_out_len, AttentionShape, Conv2dShape, DepthwiseShape, HeadShape, LayerNormWeights,
     QkvHeads, Residual, ResidualF32, RowShape,
 };
-pub use parakeet::GpuParakeet;
+pub use parakeet::{FeatureLocation, GpuParakeet};
 pub use probe::DeviceProbe;
 pub use sortformer::{GpuSortformer, GpuSpeakerNetwork};

@@ -1,22 +1,36 @@
-//! [`GpuParakeet`]: the whole transcription model on one GPU: log-mel features, the bf16 encoder
-//! and the label-looping decoder all on the device; the host only uploads PCM.
+//! [`GpuParakeet`]: the whole transcription model on one GPU: the bf16 encoder and the
+//! label-looping decoder on the device, log-mel features on the host or (opt-in) the device.
 
 use std::path::Path;
 
 use models::checkpoint::Checkpoint;
 use models::config::ParakeetConfig;
 use models::transcript::Hypothesis;
+use models::FeatureExtractor;
 
 use crate::decoder::{DecoderEnvelope, GpuDecoder};
 use crate::device::CudaEngine;
-use crate::encoder::GpuEncoder;
+use crate::encoder::{EncoderInput, GpuEncoder};
 use crate::error::Result;
 use crate::features::GpuFeatures;
+
+/// Where log-mel features are computed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FeatureLocation {
+    /// `models::FeatureExtractor` on the host (the reference), uploaded per batch.
+    #[default]
+    Host,
+    /// [`GpuFeatures`]: the host only uploads PCM. Opt-in until its parity tests
+    /// (`tests/features_parity.rs`) have run on a GPU.
+    Device,
+}
 
 pub struct GpuParakeet {
     engine: CudaEngine,
     config: ParakeetConfig,
     vocabulary: Vec<String>,
+    feature_location: FeatureLocation,
+    host_features: FeatureExtractor,
     features: GpuFeatures,
     encoder: GpuEncoder,
     decoder: GpuDecoder,
@@ -32,6 +46,8 @@ impl GpuParakeet {
 
     pub fn from_checkpoint(engine: CudaEngine, ckpt: &Checkpoint) -> Result<Self> {
         Ok(Self {
+            feature_location: FeatureLocation::default(),
+            host_features: FeatureExtractor::from_checkpoint(ckpt)?,
             features: GpuFeatures::from_checkpoint(&engine, ckpt)?,
             encoder: GpuEncoder::from_checkpoint(&engine, ckpt)?,
             decoder: GpuDecoder::from_checkpoint(&engine, ckpt)?,
@@ -53,6 +69,38 @@ impl GpuParakeet {
         &self.vocabulary
     }
 
+    pub fn feature_location(&self) -> FeatureLocation {
+        self.feature_location
+    }
+
+    /// Chooses where features are computed (before `warm_up`, so its workspace is sized).
+    pub fn set_feature_location(&mut self, location: FeatureLocation) {
+        self.feature_location = location;
+    }
+
+    /// The encoder's input for a batch of clips, with features computed where configured.
+    fn encoder_input(&self, pcm: &[&[f32]]) -> Result<EncoderInput> {
+        match self.feature_location {
+            FeatureLocation::Host => {
+                let features: Vec<_> = pcm.iter().map(|c| self.host_features.compute(c)).collect();
+                let refs: Vec<_> = features.iter().collect();
+                self.encoder.prepare(&self.engine, &refs)
+            }
+            FeatureLocation::Device => {
+                self.encoder
+                    .prepare_device(&self.engine, &self.features, pcm)
+            }
+        }
+    }
+
+    /// Hands a device-features buffer back for the next batch (a no-op for host features).
+    fn recycle(&self, input: EncoderInput) {
+        if self.feature_location == FeatureLocation::Device {
+            // The pass that reads the features is queued; the next batch may reuse their buffer.
+            self.features.recycle(input.into_feature_buffer());
+        }
+    }
+
     /// Sizes the decoder for batches of up to `max_batch` clips of up to `max_seconds` each,
     /// captures its graph, and runs one full-size batch through everything (kernels loaded,
     /// cuBLASLt heuristics cached, feature and encoder workspaces sized). Call once, before serving.
@@ -63,11 +111,9 @@ impl GpuParakeet {
             .map(|i| 0.05 * (i as f32 * 440.0 * std::f32::consts::TAU / rate).sin())
             .collect();
         let batch: Vec<&[f32]> = (0..max_batch.max(1)).map(|_| clip.as_slice()).collect();
-        let input = self
-            .encoder
-            .prepare_device(&self.engine, &self.features, &batch)?;
+        let input = self.encoder_input(&batch)?;
         let encoded = self.encoder.run(&self.engine, &input)?;
-        self.features.recycle(input.into_feature_buffer());
+        self.recycle(input);
         let envelope = DecoderEnvelope {
             max_batch: batch.len(),
             max_frames: encoded.time,
@@ -79,12 +125,9 @@ impl GpuParakeet {
 
     /// One hypothesis per clip (16 kHz mono), each equal to the clip's own result.
     pub fn transcribe_batch(&self, pcm: &[&[f32]]) -> Result<Vec<Hypothesis>> {
-        let input = self
-            .encoder
-            .prepare_device(&self.engine, &self.features, pcm)?;
+        let input = self.encoder_input(pcm)?;
         let encoded = self.encoder.run(&self.engine, &input)?;
-        // The pass that reads the features is queued; the next batch may reuse their buffer.
-        self.features.recycle(input.into_feature_buffer());
+        self.recycle(input);
         self.decoder.decode(&self.engine, &encoded)
     }
 }

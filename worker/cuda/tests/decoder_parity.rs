@@ -15,7 +15,9 @@ use std::path::PathBuf;
 
 use anyhow::{ensure, Context, Result};
 use common::{engine, fixtures, read_wav, CLIPS, MODELS};
-use cuda_engine::{CudaEngine, DecoderEnvelope, EncoderOutput, GpuDecoder, GpuParakeet};
+use cuda_engine::{
+    CudaEngine, DecoderEnvelope, EncoderOutput, FeatureLocation, GpuDecoder, GpuParakeet,
+};
 use models::checkpoint::Checkpoint;
 use models::tdt::EncodedUtterance;
 use models::transcript::{DecodedToken, Hypothesis};
@@ -163,8 +165,12 @@ fn whole_gpu_model_matches_nemo_where_margins_allow() -> Result<()> {
     };
     drop(engine);
     let mut failures = Vec::new();
-    for model in MODELS {
-        let gpu = GpuParakeet::load(&fixtures().join(model).join("model.nemo"), 0)?;
+    for (model, location) in MODELS
+        .into_iter()
+        .flat_map(|m| [(m, FeatureLocation::Host), (m, FeatureLocation::Device)])
+    {
+        let mut gpu = GpuParakeet::load(&fixtures().join(model).join("model.nemo"), 0)?;
+        gpu.set_feature_location(location);
         gpu.warm_up(4, 30.0)?;
         let nemo = nemo_results(model)?;
         let mut pcm = Vec::new();
@@ -180,13 +186,13 @@ fn whole_gpu_model_matches_nemo_where_margins_allow() -> Result<()> {
             let (nemo_hyp, margin) = &nemo[*clip];
             let same = single[0] == *nemo_hyp;
             eprintln!(
-                "RESULT gpu model {model} {clip}: identical to NeMo={same} batched==single={} \
-                 (margin {margin:.3})",
+                "RESULT gpu model {model} ({location:?} features) {clip}: identical to \
+                 NeMo={same} batched==single={} (margin {margin:.3})",
                 batched[i] == single[0]
             );
             if !same && *margin >= 0.05 {
                 failures.push(format!(
-                    "{model} {clip}: gpu {} / nemo {}",
+                    "{model} ({location:?} features) {clip}: gpu {} / nemo {}",
                     describe(&single[0]),
                     describe(nemo_hyp)
                 ));
