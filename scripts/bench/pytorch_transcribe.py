@@ -23,13 +23,15 @@ What runs (each part written from NeMo 3.0.0's documented behaviour, sizes read 
   `max_symbols` labels per frame), written as one fixed-shape step per joint evaluation so that
   on CUDA it is captured once per (batch, frame bucket) in a CUDA graph and replayed.
 
---dtype bf16 is `module.to(torch.bfloat16)` of the whole model (encoder and decoder), as a user
+--dtype fp32 is strict fp32 (TF32 disabled for cuBLAS and cuDNN). --dtype bf16 is
+`module.to(torch.bfloat16)` of the whole model (encoder and decoder), as a user
 would do; --decoder-dtype fp32 keeps the prediction/joint networks in fp32 instead.
 --attention sdpa uses torch's scaled_dot_product_attention with the position term as an additive
 mask (NeMo's use_pytorch_sdpa=True) instead of NeMo's default manual softmax.
 
 Output (--out, JSON lines, manifest order): {"path", "seconds", "tokens", "frames", "durations"}.
-A summary JSON line (audio seconds, wall seconds per stage, RTFx) goes to stderr. With --time the
+A summary JSON line (audio seconds, wall seconds per stage, RTFx) goes to stderr (and to
+--summary FILE). With --time the
 whole set is first run once untimed (warm-up: cuDNN/cuBLAS heuristics, CUDA graph capture), then
 timed: length-sorted batches, audio already in host memory (WAV decoding excluded), wall clock
 with CUDA synchronisation, covering host-to-device copy, features, encoder, decoding and the copy
@@ -544,9 +546,14 @@ def main() -> None:
     ap.add_argument("--frame-bucket", type=int, default=64, help="pad encoder frames to a multiple")
     ap.add_argument("--time", action="store_true", help="untimed warm-up pass first, then print RTFx")
     ap.add_argument("--threads", type=int, help="torch CPU threads")
+    ap.add_argument("--summary", type=Path, help="also write the summary JSON line here")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    # fp32 must be fp32 on the GPU too: no TF32 in cuBLAS or cuDNN (convolutions, LSTM).
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
     inputs = read_inputs(args)
     if not inputs:
         raise SystemExit("no input clips (--manifest or --wav)")
@@ -583,6 +590,8 @@ def main() -> None:
                "wall_s": round(wall, 4), "rtfx": round(audio_s / wall, 1),
                **{f"{k}_s": round(v, 4) for k, v in tr.totals.items()}}
     print(json.dumps(summary), file=sys.stderr)
+    if args.summary:
+        args.summary.write_text(json.dumps(summary) + "\n")
     if args.time:
         print(f"RESULT pytorch transcribe dtype={args.dtype} batch={args.batch_size}: "
               f"{audio_s:.1f} audio-s in {wall:.3f} s = RTFx {audio_s / wall:.0f}", file=sys.stderr)
