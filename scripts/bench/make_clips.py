@@ -4,8 +4,9 @@
     python3 scripts/bench/make_clips.py --out /tmp/clips [--count 100] [--seed 0] \
         [--min-seconds 5] [--max-seconds 60]
 
-Writes clip_000.wav ... (16 kHz mono 16-bit PCM) and manifest.jsonl ({"path": "clip_000.wav",
-"seconds": 12.3456} per line, path relative to the manifest) into --out. Lengths are uniform in
+Writes clip_000.wav ... (16 kHz mono 16-bit PCM) and manifest.jsonl ({"path": "/abs/clip_000.wav",
+"seconds": 12.3456} per line; absolute paths, as worker/cuda/tests/offline_bench.rs opens them
+as given; --relative-paths writes them relative to the manifest) into --out. Lengths are uniform in
 [min, max] seconds, rounded to whole samples. Each clip is a voiced part (a low-passed sawtooth on a
 gliding pitch of 90-240 Hz) plus band-limited noise (a random band inside 100-7000 Hz), both
 under a syllable-rate envelope (3-7 Hz) gated into words and pauses, at a random level of
@@ -91,6 +92,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--min-seconds", type=float, default=5.0)
     ap.add_argument("--max-seconds", type=float, default=60.0)
+    ap.add_argument("--relative-paths", action="store_true",
+                    help="manifest paths relative to the manifest's directory (default: absolute)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     gen = torch.Generator().manual_seed(args.seed)
@@ -100,7 +103,8 @@ def main() -> None:
             n = int(round(uniform(gen, args.min_seconds, args.max_seconds) * SAMPLE_RATE))
             name = f"clip_{i:03d}.wav"
             write_wav(args.out / name, clip(gen, n))
-            manifest.write(json.dumps({"path": name, "seconds": n / SAMPLE_RATE}) + "\n")
+            path = name if args.relative_paths else str((args.out / name).resolve())
+            manifest.write(json.dumps({"path": path, "seconds": n / SAMPLE_RATE}) + "\n")
             total += n / SAMPLE_RATE
     print(f"wrote {args.count} clips, {total:.1f} s of audio, to {args.out}")
 

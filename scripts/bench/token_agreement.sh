@@ -11,6 +11,8 @@
 # (reference) and bf16 -> ENGINE_CMD if set -> token_agreement.py -> bf16 RTFx per batch size
 # (length-sorted, warmed up). ENGINE_CMD runs under bash with MODEL, MANIFEST and ENGINE_OUT
 # exported and must write JSON lines {"path": <manifest path>, "tokens": [...]} to $ENGINE_OUT.
+# Our engine, e.g.: ENGINE_CMD='OFFLINE_MODEL=$MODEL OFFLINE_MANIFEST=$MANIFEST OFFLINE_OUT=$ENGINE_OUT
+#   OFFLINE_BATCH=16 ./offline_bench --ignored --nocapture' (worker/cuda/tests/offline_bench.rs).
 # Everything lands in $OUT: *.jsonl, agreement.md, rtfx.md, log.txt.
 set -euo pipefail
 OUT=${OUT:-/tmp/agree}
