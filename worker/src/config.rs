@@ -11,6 +11,7 @@ use crate::cuda_engine::CudaSettings;
 use crate::engine::{EngineKind, EngineSettings, OnnxSettings};
 use crate::error::WorkerError;
 use crate::onnx_engine::OnnxProvider;
+use cuda_engine::FeatureLocation;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -71,6 +72,10 @@ pub struct ServeArgs {
     /// with the largest preferred batch size; longer segments decode eagerly (same results).
     #[arg(long, env = "WORKER_CUDA_GRAPH_MAX_SECONDS", default_value_t = 30.0)]
     pub cuda_graph_max_seconds: f64,
+    /// Where the CUDA engine computes log-mel features: `host` (the reference code) or `device`
+    /// (the GPU path, opt-in until its parity tests have run on a GPU).
+    #[arg(long, env = "WORKER_CUDA_FEATURES", value_enum, default_value = "host")]
+    pub cuda_features: CudaFeaturesArg,
     /// Batch sizes the batcher fills to (it runs the largest one reached at once).
     #[arg(
         long,
@@ -92,6 +97,12 @@ pub struct ServeArgs {
     /// Health reports `Wedged` once one batch has run this long.
     #[arg(long, env = "WORKER_WEDGE_AFTER_MS", default_value_t = 120_000)]
     pub wedge_after_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CudaFeaturesArg {
+    Host,
+    Device,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -125,6 +136,10 @@ impl ServeArgs {
                     .max()
                     .unwrap_or(1),
                 graph_max_seconds: self.cuda_graph_max_seconds,
+                features: match self.cuda_features {
+                    CudaFeaturesArg::Host => FeatureLocation::Host,
+                    CudaFeaturesArg::Device => FeatureLocation::Device,
+                },
             },
         }
     }

@@ -4,19 +4,21 @@
 
 use std::path::Path;
 
-use cuda_engine::{DeviceProbe, GpuParakeet};
+use cuda_engine::{DeviceProbe, FeatureLocation, GpuParakeet};
 use models::transcript::Hypothesis;
 use worker_protocol::{DeviceReport, ModelInfo, MpsReport};
 
 use crate::engine::{model_info, one_per_clip, Engine, EngineKind};
 use crate::error::WorkerError;
 
-/// The batch envelope the decoder's CUDA graph is captured for; larger batches run eagerly.
+/// The GPU, the batch envelope the decoder's CUDA graph is captured for (larger batches run
+/// eagerly) and where features are computed.
 #[derive(Debug, Clone, Copy)]
 pub struct CudaSettings {
     pub device: usize,
     pub graph_max_batch: usize,
     pub graph_max_seconds: f64,
+    pub features: FeatureLocation,
 }
 
 pub struct CudaEngine {
@@ -27,7 +29,8 @@ pub struct CudaEngine {
 
 impl CudaEngine {
     pub fn load(path: &Path, settings: CudaSettings) -> Result<Self, WorkerError> {
-        let model = GpuParakeet::load(path, settings.device).map_err(WorkerError::Cuda)?;
+        let mut model = GpuParakeet::load(path, settings.device).map_err(WorkerError::Cuda)?;
+        model.set_feature_location(settings.features);
         let probe = model.engine().probe().map_err(WorkerError::Cuda)?;
         tracing::info!(device = %probe.summary(), "CUDA engine loaded");
         model
