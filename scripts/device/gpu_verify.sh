@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Everything the GPU machine must confirm for the CUDA engine and GPU diarization, in one device
+# call (about 8 minutes on an H200), from the repository root. Built here first:
+#   CARGO_TARGET_DIR=/work/targets/cuda cargo test -p cuda-engine --release --no-run
+#   then copy + strip into .device/: kernels encoder_kernels encoder_parity decoder_parity
+#   features_parity sortformer_parity sortformer_bench encoder_bench offline_bench
+# and carry [".device", ".whl"]. Logs under ${OUT:-/tmp/verify}. Steps (STEPS=..., default all):
+#   tests       every cuda-engine test binary with REQUIRE_CUDA=1 (kernel, encoder, decoder,
+#               GPU-features and GPU-Sortformer parity)
+#   sortformer  scripts/bench/sortformer_gpu.sh: ms per 15 s chunk, alone and 8 x 12 % under MPS
+#   agreement   scripts/bench/token_agreement.sh with our engine (offline_bench) next to PyTorch
+#               fp32/bf16 on 100 clips of 5-60 s; PyTorch bf16 RTFx per batch size
+#   grid        scripts/bench/side_by_side.sh on the full encoder grid (1/4/16 x 5/15/30/45/60 s)
+set -uo pipefail
+OUT=${OUT:-/tmp/verify}
+STEPS=${STEPS:-tests sortformer agreement grid}
+BIN=$PWD/.device
+mkdir -p "$OUT"
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+{ date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv; } | tee "$OUT/gpu.txt"
+
+if has tests; then
+  for t in kernels encoder_kernels features_parity encoder_parity decoder_parity sortformer_parity; do
+    echo "== $t"
+    REQUIRE_CUDA=1 timeout 300 "$BIN/$t" --nocapture > "$OUT/$t.log" 2>&1
+    echo "exit $?"
+    grep -E 'RESULT|test result|panicked|FAILED' "$OUT/$t.log" | cut -c1-200 | tail -40
+  done
+fi
+
+if has sortformer; then
+  OUT=$OUT/sortformer N=8 PCT=12 REC_S=${REC_S:-600} timeout 240 bash scripts/bench/sortformer_gpu.sh 2>&1 | tail -30
+fi
+
+if has agreement; then
+  OUT=$OUT/agree ENGINE_CMD="OFFLINE_MODEL=\$MODEL OFFLINE_MANIFEST=\$MANIFEST OFFLINE_OUT=\$ENGINE_OUT \
+OFFLINE_BATCH=16 REQUIRE_CUDA=1 $BIN/offline_bench --ignored --nocapture" \
+    BATCHES=${BATCHES:-"4 16 64"} timeout 300 bash scripts/bench/token_agreement.sh 2>&1 \
+    | grep -vE 'Warning' | tail -30
+fi
+
+if has grid; then
+  OUT=$OUT/grid SHAPES=1x5,1x15,1x30,1x45,1x60,4x5,4x15,4x30,4x45,4x60,16x5,16x15,16x30,16x45,16x60 \
+    timeout 300 bash scripts/bench/side_by_side.sh 2>&1 | tail -25
+fi
+date -u
