@@ -26,7 +26,9 @@ mod sortformer;
 pub use cudarc::driver::CudaSlice;
 pub use decoder::{DecoderEnvelope, GpuDecoder, STEPS_PER_LAUNCH};
 pub use device::{check_cuda_libraries, CudaEngine};
-pub use encoder::{EncoderInput, EncoderOutput, GpuEncoder, StageTimes};
+pub use encoder::{
+    EncoderInput, EncoderOutput, GpuEncoder, StageTimes, DEFAULT_SUBSAMPLING_SCRATCH_BYTES,
+};
 pub use error::{CudaEngineError, Result};
 pub use features::{DeviceFeatures, FeatureLayout, GpuFeatures};
 pub use fold::{fold_batch_norm, BatchNorm, FoldedDepthwise};

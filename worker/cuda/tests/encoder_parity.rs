@@ -148,7 +148,7 @@ fn gpu_encoder_matches_cpu_and_nemo_at_batch_one_and_in_a_mixed_batch() -> Resul
 }
 
 fn check_model(engine: &cuda_engine::CudaEngine, model: &str) -> Result<Vec<String>> {
-    let fixture = load(engine, model)?;
+    let mut fixture = load(engine, model)?;
 
     let mut single = Vec::new();
     for f in &fixture.features {
@@ -170,6 +170,27 @@ fn check_model(engine: &cuda_engine::CudaEngine, model: &str) -> Result<Vec<Stri
         eprintln!("RESULT encoder {model} batched vs batch=1 {clip}: rel_l2 = {diff:.3e}");
         if diff > 1e-3 {
             failures.push(format!("{model} batched vs single {clip}: {diff:.3e}"));
+        }
+    }
+    // Subsampling one utterance at a time (the path a batch too large for the scratch cap takes)
+    // gives each clip what the whole-batch subsampling gives.
+    fixture.gpu.set_subsampling_scratch_limit_bytes(1);
+    let grouped = fixture.gpu.encode(engine, &all)?;
+    fixture
+        .gpu
+        .set_subsampling_scratch_limit_bytes(cuda_engine::DEFAULT_SUBSAMPLING_SCRATCH_BYTES);
+    failures.extend(compare(
+        &format!("{model} batch={} subsampled one at a time", all.len()),
+        &fixture,
+        &grouped,
+    ));
+    for ((clip, g), b) in CLIPS.iter().zip(&grouped).zip(&batched) {
+        let diff = rel_l2(g, b);
+        eprintln!(
+            "RESULT encoder {model} grouped vs whole-batch subsampling {clip}: rel_l2 = {diff:.3e}"
+        );
+        if diff > 1e-3 {
+            failures.push(format!("{model} grouped subsampling {clip}: {diff:.3e}"));
         }
     }
     // A second pass of the same shape reuses the cached workspace and must repeat itself exactly.

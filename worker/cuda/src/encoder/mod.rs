@@ -41,7 +41,13 @@ pub struct GpuEncoder {
     /// [`GpuEncoder::pre_encode`]'s buffers, kept apart so that streaming (pre-encode a chunk,
     /// then run the layers on a longer sequence) does not resize the main workspace every step.
     pre_encode_workspace: Mutex<Option<PreEncodeWorkspace>>,
+    subsampling_scratch_bytes: usize,
 }
+
+/// Each of the two subsampling scratch buffers holds the first convolution's output: 49 MB per
+/// 30 s utterance at Parakeet's shapes, so a 16 × 30 s batch would need 2 × 786 MB. Above this
+/// size the batch is subsampled in groups (5 utterances of 30 s at a time).
+pub const DEFAULT_SUBSAMPLING_SCRATCH_BYTES: usize = 256 << 20;
 
 struct PreEncodeWorkspace {
     /// Feature frames this was sized for.
@@ -110,6 +116,7 @@ impl GpuEncoder {
             layers,
             workspace: Mutex::new(None),
             pre_encode_workspace: Mutex::new(None),
+            subsampling_scratch_bytes: DEFAULT_SUBSAMPLING_SCRATCH_BYTES,
         })
     }
 
@@ -202,15 +209,24 @@ impl GpuEncoder {
             heads: self.cfg.n_heads,
             head_dim: d / self.cfg.n_heads,
         };
+        let group = self.subsampling_group(input.batch, input.time);
+        let grouped = group < input.batch;
         let size = WorkspaceSize {
             key: WorkspaceKey::Features {
                 batch: input.batch,
                 frames: input.time,
+                subsampling_group: group,
             },
             attention: self.cfg.attention,
             shape,
             ff_hidden: self.cfg.ff_hidden,
-            subsampling_elements: self.subsampling.scratch_elements(input.batch, input.time),
+            subsampling_elements: self.subsampling.scratch_elements(group, input.time),
+            group_features_elements: if grouped {
+                group * input.time * self.cfg.feat_in
+            } else {
+                1
+            },
+            group_x_elements: if grouped { group * time * d } else { 1 },
         };
         let mut cached = self.lock_workspace(engine, &size)?;
         let ws = cached.as_mut().expect("workspace was just sized (bug)");
@@ -220,14 +236,18 @@ impl GpuEncoder {
             .last()
             .expect("stage lengths are never empty (bug)")
             .clone();
-        self.subsampling.forward(
-            engine,
-            &input.features,
-            &input.lengths,
-            (input.batch, input.time),
-            (&mut ws.subsampling_a, &mut ws.subsampling_b),
-            &mut ws.x,
-        )?;
+        if grouped {
+            self.subsample_in_groups(engine, input, group, ws)?;
+        } else {
+            self.subsampling.forward(
+                engine,
+                &input.features,
+                &input.lengths,
+                (input.batch, input.time),
+                (&mut ws.subsampling_a, &mut ws.subsampling_b),
+                &mut ws.x,
+            )?;
+        }
         lap(laps, engine, Stage::Subsampling)?;
         let x = self.layers_forward(engine, ws, laps)?;
         Ok(EncoderOutput {
@@ -237,6 +257,67 @@ impl GpuEncoder {
             d_model: d,
             frames,
         })
+    }
+
+    /// Caps each of the two subsampling scratch buffers (default
+    /// [`DEFAULT_SUBSAMPLING_SCRATCH_BYTES`]); a batch whose first convolution output is larger
+    /// is subsampled a group of utterances at a time. At least one utterance always fits.
+    pub fn set_subsampling_scratch_limit_bytes(&mut self, bytes: usize) {
+        self.subsampling_scratch_bytes = bytes;
+    }
+
+    /// Utterances subsampled at once for a batch of `batch` × `frames` feature frames.
+    fn subsampling_group(&self, batch: usize, frames: usize) -> usize {
+        let per_utterance = self.subsampling.scratch_elements(1, frames) * size_of::<half::bf16>();
+        (self.subsampling_scratch_bytes / per_utterance.max(1)).clamp(1, batch.max(1))
+    }
+
+    /// Subsampling a group of utterances at a time: each group's features are copied into a
+    /// group-sized buffer, subsampled with the group's own lengths, and its output copied to its
+    /// place in the residual stream. Every utterance is computed as it would be alone.
+    fn subsample_in_groups(
+        &self,
+        engine: &CudaEngine,
+        input: &EncoderInput,
+        group: usize,
+        ws: &mut Workspace,
+    ) -> Result<()> {
+        let (feat_in, d) = (self.cfg.feat_in, self.cfg.d_model);
+        let out_time = self.subsampling.out_time(input.time);
+        let frames = &input.lengths.host[0];
+        let feature_stride = input.time * feat_in;
+        let out_stride = out_time * d;
+        for first in (0..input.batch).step_by(group) {
+            let end = (first + group).min(input.batch);
+            let n = end - first;
+            let lengths = self.subsampling.lengths(engine, &frames[first..end])?;
+            let source = input
+                .features
+                .slice(first * feature_stride..end * feature_stride);
+            engine
+                .stream()
+                .memcpy_dtod(
+                    &source,
+                    &mut ws.group_features.slice_mut(0..n * feature_stride),
+                )
+                .context(|| format!("copying features of utterances {first}..{end}"))?;
+            self.subsampling.forward(
+                engine,
+                &ws.group_features,
+                &lengths,
+                (n, input.time),
+                (&mut ws.subsampling_a, &mut ws.subsampling_b),
+                &mut ws.group_x,
+            )?;
+            engine
+                .stream()
+                .memcpy_dtod(
+                    &ws.group_x.slice(0..n * out_stride),
+                    &mut ws.x.slice_mut(first * out_stride..end * out_stride),
+                )
+                .context(|| format!("placing subsampled utterances {first}..{end}"))?;
+        }
+        Ok(())
     }
 
     /// The cached workspace, first resized if it was sized for another shape.
@@ -363,6 +444,8 @@ impl GpuEncoder {
             },
             ff_hidden: self.cfg.ff_hidden,
             subsampling_elements: 1,
+            group_features_elements: 1,
+            group_x_elements: 1,
         };
         let mut cached = self.lock_workspace(engine, &size)?;
         let ws = cached.as_mut().expect("workspace was just sized (bug)");

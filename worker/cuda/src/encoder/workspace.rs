@@ -14,8 +14,13 @@ use crate::ops::HeadShape;
 /// The input shape a workspace was sized for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum WorkspaceKey {
-    /// A padded batch of feature frames (subsampling included).
-    Features { batch: usize, frames: usize },
+    /// A padded batch of feature frames (subsampling included, `subsampling_group` utterances
+    /// at a time).
+    Features {
+        batch: usize,
+        frames: usize,
+        subsampling_group: usize,
+    },
     /// Pre-encoded frames (the layers only).
     PreEncoded { batch: usize, frames: usize },
 }
@@ -25,9 +30,13 @@ pub(crate) struct Workspace {
     pub(crate) shape: HeadShape,
     /// Rows of the position table (`2·time-1`, or the local band).
     pub(crate) positions: usize,
-    /// Subsampling activations, each sized for the first convolution's output.
+    /// Subsampling activations, each sized for the first convolution's output of one group.
     pub(crate) subsampling_a: CudaSlice<bf16>,
     pub(crate) subsampling_b: CudaSlice<bf16>,
+    /// One group's features and subsampled output when the batch is subsampled in groups
+    /// (one element otherwise).
+    pub(crate) group_features: CudaSlice<f32>,
+    pub(crate) group_x: CudaSlice<f32>,
     /// The fp32 residual stream `[batch, time, d]`.
     pub(crate) x: CudaSlice<f32>,
     /// LayerNorm output, the next block's input `[batch, time, d]`.
@@ -64,6 +73,8 @@ pub(crate) struct WorkspaceSize {
     pub(crate) shape: HeadShape,
     pub(crate) ff_hidden: usize,
     pub(crate) subsampling_elements: usize,
+    pub(crate) group_features_elements: usize,
+    pub(crate) group_x_elements: usize,
 }
 
 impl Workspace {
@@ -80,6 +91,8 @@ impl Workspace {
             positions,
             subsampling_a: engine.zeros(size.subsampling_elements)?,
             subsampling_b: engine.zeros(size.subsampling_elements)?,
+            group_features: engine.zeros(size.group_features_elements)?,
+            group_x: engine.zeros(size.group_x_elements)?,
             x: engine.zeros(n)?,
             normed: engine.zeros(n)?,
             branch: engine.zeros(n)?,
