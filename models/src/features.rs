@@ -133,6 +133,21 @@ impl FeatureExtractor {
         })
     }
 
+    pub fn config(&self) -> &FeatureConfig {
+        &self.cfg
+    }
+
+    /// The mel filterbank, `[n_mels, n_fft / 2 + 1]` row-major (the checkpoint's or Slaney's).
+    pub fn filterbank(&self) -> &[f32] {
+        &self.filterbank
+    }
+
+    /// The analysis window, zero-padded and centred in `n_fft` samples (the checkpoint's or a
+    /// symmetric Hann window).
+    pub fn window(&self) -> &[f32] {
+        &self.window
+    }
+
     /// Number of valid feature frames for `n_samples` samples.
     pub fn valid_frames(&self, n_samples: usize) -> usize {
         if n_samples == 0 {

@@ -24,18 +24,14 @@ use std::sync::{Mutex, PoisonError};
 use cudarc::driver::CudaSlice;
 use models::checkpoint::Checkpoint;
 use models::config::{FeatureConfig, FeatureNormalization, StftPadding};
-use models::tensor::Tensor;
-use models::ModelError;
+use models::FeatureExtractor;
 
 use crate::device::CudaEngine;
-use crate::error::{CudaEngineError, DriverContext, Result};
+use crate::error::{DriverContext, Result};
 use crate::matmul::MatmulSpec;
 use crate::ops::check_len;
 use basis::{dft_basis, valid_frames, window_span};
 use launch::{Framing, LogMel};
-
-const FILTERBANK: &str = "preprocessor.featurizer.fb";
-const WINDOW: &str = "preprocessor.featurizer.window";
 
 /// The feature extractor's constants on one GPU, and its reusable intermediate buffers.
 pub struct GpuFeatures {
@@ -78,80 +74,27 @@ pub struct DeviceFeatures {
 }
 
 impl GpuFeatures {
-    /// The extractor a checkpoint describes, from its stored filterbank and window (the same
-    /// source `FeatureExtractor::from_checkpoint` prefers).
+    /// The extractor a checkpoint describes (its stored filterbank and window, or the computed
+    /// ones where it has none), exactly as `FeatureExtractor::from_checkpoint` builds it.
     pub fn from_checkpoint(engine: &CudaEngine, ckpt: &Checkpoint) -> Result<Self> {
-        let cfg = &ckpt.config.features;
-        let n_freq = cfg.n_fft / 2 + 1;
-        let tensors = &ckpt.tensors;
-        let filterbank = tensors.get_optional(FILTERBANK, &[1, cfg.n_mels, n_freq])?;
-        let window = tensors.get_optional(WINDOW, &[cfg.win_length_samples])?;
-        match (filterbank, window) {
-            (Some(filterbank), Some(window)) => Self::new(engine, cfg, filterbank, window),
-            _ => Err(ModelError::UnsupportedConfig {
-                file: tensors.source.clone(),
-                key: format!("{FILTERBANK} / {WINDOW}"),
-                value: "absent (GPU features need the checkpoint's stored filterbank and \
-                        window; the CPU FeatureExtractor can compute them)"
-                    .into(),
-            }
-            .into()),
-        }
+        Self::from_extractor(engine, &FeatureExtractor::from_checkpoint(ckpt)?)
     }
 
-    /// `filterbank` is `[1, n_mels, n_fft/2+1]` or `[n_mels, n_fft/2+1]`, `window` is
-    /// `[win_length]` (zero-padded and centred in `n_fft`, as torch.stft does).
-    pub fn new(
-        engine: &CudaEngine,
-        cfg: &FeatureConfig,
-        filterbank: &Tensor,
-        window: &Tensor,
-    ) -> Result<Self> {
-        let invalid = |key: &str, problem: String| {
-            CudaEngineError::from(ModelError::InvalidConfig {
-                file: "preprocessor".into(),
-                key: key.to_owned(),
-                problem,
-            })
-        };
-        let (n_fft, win) = (cfg.n_fft, cfg.win_length_samples);
-        if n_fft == 0 || win == 0 || win > n_fft || cfg.hop_length_samples == 0 || cfg.n_mels == 0 {
-            return Err(invalid(
-                "n_fft/window_size/window_stride/features",
-                format!(
-                    "n_fft {n_fft}, window {win}, hop {}, mels {} cannot form an STFT",
-                    cfg.hop_length_samples, cfg.n_mels
-                ),
-            ));
-        }
-        let n_freq = n_fft / 2 + 1;
-        if filterbank.shape != [1, cfg.n_mels, n_freq] && filterbank.shape != [cfg.n_mels, n_freq] {
-            return Err(invalid(
-                FILTERBANK,
-                format!(
-                    "shape {:?}, expected [1, {}, {n_freq}]",
-                    filterbank.shape, cfg.n_mels
-                ),
-            ));
-        }
-        if window.shape != [win] {
-            return Err(invalid(
-                WINDOW,
-                format!("shape {:?}, expected [{win}]", window.shape),
-            ));
-        }
+    /// The GPU twin of a (validated) host extractor: same config, filterbank and window.
+    pub fn from_extractor(engine: &CudaEngine, extractor: &FeatureExtractor) -> Result<Self> {
+        let cfg = extractor.config();
         // Every variant of the config is implemented; a new one must be added here (and in the
         // kernel) before this compiles.
         match cfg.normalization {
             FeatureNormalization::PerFeature | FeatureNormalization::None => {}
         }
-        let (offset, _) = window_span(cfg);
-        let basis = dft_basis(n_fft, offset, &window.data);
+        let (offset, win) = window_span(cfg);
+        let basis = dft_basis(cfg.n_fft, offset, &extractor.window()[offset..offset + win]);
         Ok(Self {
             cfg: cfg.clone(),
-            n_freq,
+            n_freq: cfg.n_fft / 2 + 1,
             basis: engine.upload(&basis)?,
-            filterbank: engine.upload(&filterbank.data)?,
+            filterbank: engine.upload(extractor.filterbank())?,
             workspace: Mutex::new(None),
             spare_output: Mutex::new(None),
         })
