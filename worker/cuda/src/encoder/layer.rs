@@ -11,7 +11,7 @@ use super::weights::{DeviceDepthwise, DeviceLayerNorm, DeviceLinear};
 use super::workspace::Workspace;
 use crate::device::CudaEngine;
 use crate::error::Result;
-use crate::matmul::{BLayout, MatmulSpec};
+use crate::matmul::BLayout;
 use crate::ops::{DepthwiseShape, QkvHeads, ResidualF32, RowShape};
 
 /// Residual weight of the two macaron feed-forward modules.
@@ -138,7 +138,6 @@ impl SelfAttention {
         let shape = ws.shape;
         let rows = shape.batch * shape.time;
         let positions = ws.positions;
-        let heads_batch = shape.heads * shape.batch;
         self.qkv
             .forward_bf16(engine, &ws.normed, rows, &mut ws.qkv)?;
         engine.split_qkv_heads(
@@ -157,25 +156,16 @@ impl SelfAttention {
             .forward_bf16(engine, &ws.pos_table, positions, &mut ws.pos_projected)?;
         engine.split_pos_heads(&ws.pos_projected, shape, positions, &mut ws.pos_heads)?;
 
-        let per_head = |n: usize, k: usize, b_layout: BLayout| MatmulSpec {
-            batch: heads_batch,
-            m: shape.time,
-            n,
-            k,
-            b_layout,
-            b_shared: false,
-            alpha: 1.0,
-        };
         let no_bias: Option<&CudaSlice<f32>> = None;
         engine.matmul(
-            &per_head(shape.time, shape.head_dim, BLayout::NByK),
+            &shape.per_head_matmul(shape.time, shape.head_dim, BLayout::NByK),
             &ws.q_u,
             &ws.k,
             no_bias,
             &mut ws.scores_ac,
         )?;
         engine.matmul(
-            &per_head(positions, shape.head_dim, BLayout::NByK),
+            &shape.per_head_matmul(positions, shape.head_dim, BLayout::NByK),
             &ws.q_v,
             &ws.pos_heads,
             no_bias,
@@ -201,14 +191,13 @@ impl SelfAttention {
                 &mut ws.probs,
             )?,
         }
-        engine.matmul(
-            &per_head(shape.head_dim, shape.time, BLayout::KByN),
+        engine.attend(
             &ws.probs,
             &ws.v,
-            None,
+            shape,
             &mut ws.context_heads,
+            &mut ws.context,
         )?;
-        engine.merge_heads(&ws.context_heads, shape, &mut ws.context)?;
         self.out
             .forward_f32(engine, &ws.context, rows, &mut ws.branch)
     }

@@ -8,6 +8,7 @@ use super::{check_len, rows_for_grid, to_i32};
 use crate::device::{elementwise_config, per_row_config, CudaEngine};
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
+use crate::matmul::{BLayout, MatmulSpec};
 
 /// `batch` padded sequences of `time` frames, `heads` heads of `head_dim` channels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +32,20 @@ impl HeadShape {
     /// Rows of the full relative position table: `2 * time - 1`.
     pub fn positions(&self) -> usize {
         (2 * self.time).saturating_sub(1)
+    }
+
+    /// One product per (head, batch entry) over the head-major layout: `[heads·batch, time, k]`
+    /// times `b` (`NByK`: keys `[.., n, k]`; `KByN`: values `[.., k, n]`).
+    pub fn per_head_matmul(&self, n: usize, k: usize, b_layout: BLayout) -> MatmulSpec {
+        MatmulSpec {
+            batch: self.heads * self.batch,
+            m: self.time,
+            n,
+            k,
+            b_layout,
+            b_shared: false,
+            alpha: 1.0,
+        }
     }
 
     fn kernel_args(&self, op: &'static str) -> Result<[i32; 4]> {
@@ -220,6 +235,27 @@ impl CudaEngine {
                 },
             )
         }
+    }
+
+    /// The attention output: `context_heads = probs · v` per head (`probs` `[heads·batch, time,
+    /// time]`, `v` head-major), merged back to `context` `[batch, time, d]`.
+    pub fn attend(
+        &self,
+        probs: &CudaSlice<bf16>,
+        v: &CudaSlice<bf16>,
+        shape: HeadShape,
+        context_heads: &mut CudaSlice<bf16>,
+        context: &mut CudaSlice<bf16>,
+    ) -> Result<()> {
+        let no_bias: Option<&CudaSlice<bf16>> = None;
+        self.matmul(
+            &shape.per_head_matmul(shape.head_dim, shape.time, BLayout::KByN),
+            probs,
+            v,
+            no_bias,
+            context_heads,
+        )?;
+        self.merge_heads(context_heads, shape, context)
     }
 
     /// Head-major `ctx` `[heads, batch, time, head_dim]` back to `[batch, time, d]`.

@@ -16,7 +16,7 @@ use crate::device::CudaEngine;
 use crate::encoder::weights::{DeviceLayerNorm, DeviceLinear};
 use crate::encoder::EncoderOutput;
 use crate::error::{CudaEngineError, DriverContext, Result};
-use crate::matmul::{BLayout, MatmulSpec};
+use crate::matmul::BLayout;
 use crate::ops::{AttentionShape, HeadShape, QkvHeads, ResidualF32, RowShape};
 
 /// torch `nn.LayerNorm`'s default, which NeMo's transformer uses.
@@ -96,18 +96,9 @@ impl TransformerLayer {
                 v: &mut ws.v,
             },
         )?;
-        let per_head = |n: usize, k: usize, b_layout: BLayout| MatmulSpec {
-            batch: shape.heads,
-            m: shape.time,
-            n,
-            k,
-            b_layout,
-            b_shared: false,
-            alpha: 1.0,
-        };
         let no_bias: Option<&CudaSlice<f32>> = None;
         engine.matmul(
-            &per_head(shape.time, shape.head_dim, BLayout::NByK),
+            &shape.per_head_matmul(shape.time, shape.head_dim, BLayout::NByK),
             &ws.q,
             &ws.k,
             no_bias,
@@ -126,14 +117,13 @@ impl TransformerLayer {
             },
             &mut ws.probs,
         )?;
-        engine.matmul(
-            &per_head(shape.head_dim, shape.time, BLayout::KByN),
+        engine.attend(
             &ws.probs,
             &ws.v,
-            None,
+            shape,
             &mut ws.context_heads,
+            &mut ws.context,
         )?;
-        engine.merge_heads(&ws.context_heads, shape, &mut ws.context)?;
         self.out
             .forward_f32(engine, &ws.context, rows, &mut ws.branch)?;
         engine.add_layer_norm_f32_inplace(
