@@ -11,7 +11,7 @@ use crate::cuda_engine::CudaSettings;
 use crate::engine::{EngineKind, EngineSettings, OnnxSettings};
 use crate::error::WorkerError;
 use crate::onnx_engine::OnnxProvider;
-use cuda_engine::FeatureLocation;
+use cuda_engine::{EncoderPrecision, FeatureLocation};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -76,6 +76,15 @@ pub struct ServeArgs {
     /// (the GPU path, opt-in until its parity tests have run on a GPU).
     #[arg(long, env = "WORKER_CUDA_FEATURES", value_enum, default_value = "host")]
     pub cuda_features: CudaFeaturesArg,
+    /// The CUDA engine's encoder storage: `bf16` (fast) or `f32` (NeMo's fp32 results, about
+    /// twice the weight memory).
+    #[arg(
+        long,
+        env = "WORKER_CUDA_ENCODER_PRECISION",
+        value_enum,
+        default_value = "bf16"
+    )]
+    pub cuda_encoder_precision: CudaPrecisionArg,
     /// Batch sizes the batcher fills to (it runs the largest one reached at once).
     #[arg(
         long,
@@ -103,6 +112,12 @@ pub struct ServeArgs {
 pub enum CudaFeaturesArg {
     Host,
     Device,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CudaPrecisionArg {
+    Bf16,
+    F32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -139,6 +154,10 @@ impl ServeArgs {
                 features: match self.cuda_features {
                     CudaFeaturesArg::Host => FeatureLocation::Host,
                     CudaFeaturesArg::Device => FeatureLocation::Device,
+                },
+                precision: match self.cuda_encoder_precision {
+                    CudaPrecisionArg::Bf16 => EncoderPrecision::Bf16,
+                    CudaPrecisionArg::F32 => EncoderPrecision::F32,
                 },
             },
         }

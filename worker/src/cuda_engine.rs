@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use cuda_engine::{DeviceProbe, FeatureLocation, GpuParakeet};
+use cuda_engine::{DeviceProbe, EncoderPrecision, FeatureLocation, GpuParakeet};
 use models::transcript::Hypothesis;
 use worker_protocol::{DeviceReport, ModelInfo, MpsReport};
 
@@ -12,13 +12,14 @@ use crate::engine::{model_info, one_per_clip, Engine, EngineKind};
 use crate::error::WorkerError;
 
 /// The GPU, the batch envelope the decoder's CUDA graph is captured for (larger batches run
-/// eagerly) and where features are computed.
+/// eagerly), where features are computed and the encoder's storage type.
 #[derive(Debug, Clone, Copy)]
 pub struct CudaSettings {
     pub device: usize,
     pub graph_max_batch: usize,
     pub graph_max_seconds: f64,
     pub features: FeatureLocation,
+    pub precision: EncoderPrecision,
 }
 
 pub struct CudaEngine {
@@ -29,7 +30,8 @@ pub struct CudaEngine {
 
 impl CudaEngine {
     pub fn load(path: &Path, settings: CudaSettings) -> Result<Self, WorkerError> {
-        let mut model = GpuParakeet::load(path, settings.device).map_err(WorkerError::Cuda)?;
+        let mut model = GpuParakeet::load_with(path, settings.device, settings.precision)
+            .map_err(WorkerError::Cuda)?;
         model.set_feature_location(settings.features);
         let probe = model.engine().probe().map_err(WorkerError::Cuda)?;
         tracing::info!(device = %probe.summary(), "CUDA engine loaded");

@@ -3,10 +3,19 @@
 // bf16 values travel as raw 16-bit patterns (the host side is `half::bf16`, a transparent u16),
 // so the kernels need no cuda_bf16.h and compile under any NVRTC without include paths.
 
-typedef unsigned short bf16_t;
-
 // NVRTC has no math.h, so no INFINITY macro.
 #define F32_INFINITY __int_as_float(0x7f800000)
+
+#ifdef CUDA_ENGINE_F32_STORAGE
+// The f32-storage build of the same kernels (the exact path): "bf16" buffers hold f32 and the
+// conversions are identities.
+typedef float bf16_t;
+
+__device__ __forceinline__ float bf16_to_f32(bf16_t v) { return v; }
+
+__device__ __forceinline__ bf16_t f32_to_bf16(float f) { return f; }
+#else
+typedef unsigned short bf16_t;
 
 __device__ __forceinline__ float bf16_to_f32(bf16_t v) {
     return __uint_as_float(((unsigned int)v) << 16);
@@ -21,6 +30,7 @@ __device__ __forceinline__ bf16_t f32_to_bf16(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);
     return (bf16_t)(u >> 16);
 }
+#endif
 
 __device__ __forceinline__ float sigmoid_f32(float v) {
     return 1.0f / (1.0f + expf(-v));

@@ -2,7 +2,7 @@
 //! cuBLASLt handle. Everything the typed operations (in `ops/` and `matmul.rs`) launch goes
 //! through here.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use cudarc::driver::sys::cudaError_enum;
 use cudarc::driver::{
@@ -14,6 +14,7 @@ use cudarc::nvrtc::{CompileError, CompileOptions};
 use crate::error::{CudaEngineError, DriverContext, Result};
 use crate::kernels::{Kernel, KernelModule};
 use crate::matmul::Blas;
+use crate::storage::StorageKind;
 
 /// Threads per block for the elementwise and per-row kernels.
 pub(crate) const BLOCK_THREADS: u32 = 256;
@@ -28,8 +29,11 @@ pub struct CudaEngine {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     compute_capability: (i32, i32),
-    /// Indexed by `Kernel as usize`; filled for every kernel at creation.
+    /// Indexed by `Kernel as usize`; filled for every kernel at creation (bf16 storage).
     functions: Vec<CudaFunction>,
+    /// The f32-storage build of the storage-dependent kernels, compiled on first request
+    /// ([`CudaEngine::load_f32_storage`]); `None` for kernels without a variant.
+    f32_storage: OnceLock<Vec<Option<CudaFunction>>>,
     pub(crate) blas: Blas,
 }
 
@@ -90,15 +94,30 @@ impl CudaEngine {
         let compute_capability = ctx
             .compute_capability()
             .context(|| format!("reading the compute capability of GPU {ordinal}"))?;
-        let functions = load_kernels(&ctx, compute_capability)?;
+        let functions = load_kernels(&ctx, compute_capability, StorageKind::Bf16)?
+            .into_iter()
+            .map(|f| f.expect("every kernel has a bf16-storage build (bug)"))
+            .collect();
         let blas = Blas::new(stream.clone(), compute_capability)?;
         Ok(Self {
             ctx,
             stream,
             compute_capability,
             functions,
+            f32_storage: OnceLock::new(),
             blas,
         })
+    }
+
+    /// Compiles the f32-storage build of the storage-dependent kernels (once; later calls
+    /// return at once). Needed before any f32-storage operation.
+    pub fn load_f32_storage(&self) -> Result<()> {
+        if self.f32_storage.get().is_none() {
+            let loaded = load_kernels(&self.ctx, self.compute_capability, StorageKind::F32)?;
+            // A concurrent caller may have set it first; both builds are identical.
+            let _ = self.f32_storage.set(loaded);
+        }
+        Ok(())
     }
 
     pub(crate) fn context(&self) -> &Arc<CudaContext> {
@@ -175,7 +194,38 @@ impl CudaEngine {
         shape: impl FnOnce() -> String,
         push: impl FnOnce(&mut LaunchArgs<'a>),
     ) -> Result<()> {
-        let mut args = self.stream.launch_builder(&self.functions[kernel as usize]);
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.launch_as(StorageKind::Bf16, kernel, config, shape, push) }
+    }
+
+    /// [`CudaEngine::launch`] of the build of `kernel` for `storage`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`CudaEngine::launch`], with `bf16_t` meaning the storage type.
+    pub(crate) unsafe fn launch_as<'a>(
+        &'a self,
+        storage: StorageKind,
+        kernel: Kernel,
+        config: LaunchConfig,
+        shape: impl FnOnce() -> String,
+        push: impl FnOnce(&mut LaunchArgs<'a>),
+    ) -> Result<()> {
+        let function = match storage {
+            StorageKind::Bf16 => &self.functions[kernel as usize],
+            StorageKind::F32 => self
+                .f32_storage
+                .get()
+                .and_then(|table| table[kernel as usize].as_ref())
+                .ok_or_else(|| CudaEngineError::Shape {
+                    op: kernel.name(),
+                    detail: "no f32-storage build of this kernel (call \
+                             CudaEngine::load_f32_storage first; decoder and feature kernels \
+                             have none)"
+                        .into(),
+                })?,
+        };
+        let mut args = self.stream.launch_builder(function);
         push(&mut args);
         // SAFETY: forwarded from this function's contract.
         unsafe { args.launch(config) }
@@ -223,23 +273,20 @@ fn no_device_or(source: DriverError, ordinal: usize) -> CudaEngineError {
     }
 }
 
-/// Compiles every module to PTX for the device's virtual architecture (`compute_XY`; the driver
-/// JIT-compiles that PTX to the exact SM when loading) and resolves every kernel symbol once.
-fn load_kernels(ctx: &Arc<CudaContext>, (major, minor): (i32, i32)) -> Result<Vec<CudaFunction>> {
-    let arch_option = format!("--gpu-architecture=compute_{major}{minor}");
+/// Compiles every module (for f32 storage: every module with a storage variant) to PTX for the
+/// device's virtual architecture (`compute_XY`; the driver JIT-compiles that PTX to the exact SM
+/// when loading) and resolves its kernel symbols once. Indexed by `Kernel as usize`.
+fn load_kernels(
+    ctx: &Arc<CudaContext>,
+    (major, minor): (i32, i32),
+    storage: StorageKind,
+) -> Result<Vec<Option<CudaFunction>>> {
     let mut modules = Vec::with_capacity(KernelModule::ALL.len());
     for module in KernelModule::ALL {
-        let options = CompileOptions {
-            options: vec![arch_option.clone(), "--std=c++17".into()],
-            // Exact division and square roots: these kernels are parity references first.
-            fmad: Some(true),
-            prec_div: Some(true),
-            prec_sqrt: Some(true),
-            name: Some(format!("{}.cu", module.name())),
-            ..Default::default()
-        };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(module.source(), options)
-            .map_err(|error| compile_error(module, &arch_option, error))?;
+        if storage == StorageKind::F32 && !module.has_storage_variant() {
+            continue;
+        }
+        let ptx = compile_module(module, storage, (major, minor))?;
         let loaded = ctx
             .load_module(ptx)
             .context(|| format!("loading kernel module {}", module.name()))?;
@@ -248,15 +295,38 @@ fn load_kernels(ctx: &Arc<CudaContext>, (major, minor): (i32, i32)) -> Result<Ve
     Kernel::ALL
         .iter()
         .map(|kernel| {
-            let (_, loaded) = modules
+            let Some((_, loaded)) = modules
                 .iter()
                 .find(|(module, _)| *module == kernel.module())
-                .expect("every kernel's module is in KernelModule::ALL (bug)");
+            else {
+                return Ok(None);
+            };
             loaded
                 .load_function(kernel.name())
+                .map(Some)
                 .context(|| format!("resolving kernel {}", kernel.name()))
         })
         .collect()
+}
+
+/// NVRTC's PTX of one module for one storage type and virtual architecture.
+fn compile_module(
+    module: KernelModule,
+    storage: StorageKind,
+    (major, minor): (i32, i32),
+) -> Result<cudarc::nvrtc::Ptx> {
+    let arch_option = format!("--gpu-architecture=compute_{major}{minor}");
+    let options = CompileOptions {
+        options: vec![arch_option.clone(), "--std=c++17".into()],
+        // Exact division and square roots: these kernels are parity references first.
+        fmad: Some(true),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        name: Some(format!("{}.cu", module.name())),
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(module.source_for(storage), options)
+        .map_err(|error| compile_error(module, &arch_option, error))
 }
 
 fn compile_error(module: KernelModule, arch_option: &str, error: CompileError) -> CudaEngineError {
@@ -282,6 +352,32 @@ mod tests {
     fn engine_can_move_to_its_own_thread() {
         fn assert_send<T: Send>() {}
         assert_send::<CudaEngine>();
+    }
+
+    /// NVRTC needs no GPU: where its library is found (e.g. `LD_LIBRARY_PATH` naming a CUDA
+    /// toolkit or the `nvidia-cuda-nvrtc` wheel), every module must compile for both storage
+    /// types, so a kernel typo fails here and not first on the GPU machine.
+    #[test]
+    fn every_module_compiles_for_both_storages_where_nvrtc_is_present() {
+        // SAFETY: only dlopens libnvrtc by its usual names and closes it again.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            assert!(
+                std::env::var("REQUIRE_NVRTC").as_deref() != Ok("1"),
+                "REQUIRE_NVRTC=1 but libnvrtc is not on the loader path"
+            );
+            eprintln!("SKIPPED: libnvrtc not found on the loader path (REQUIRE_NVRTC=1 fails)");
+            return;
+        }
+        for module in KernelModule::ALL {
+            for storage in [StorageKind::Bf16, StorageKind::F32] {
+                if storage == StorageKind::F32 && !module.has_storage_variant() {
+                    continue;
+                }
+                if let Err(error) = compile_module(module, storage, (9, 0)) {
+                    panic!("{} for {storage:?} storage: {error}", module.name());
+                }
+            }
+        }
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The kernel modules (CUDA C under `kernels/`, compiled by NVRTC when an engine starts) and the
 //! functions each one exports.
 
+use crate::storage::StorageKind;
+
 /// Every module's source starts with these helpers (bf16 conversion, block reductions).
 const COMMON: &str = include_str!("../kernels/common.cuh");
 
@@ -63,9 +65,19 @@ impl KernelModule {
         }
     }
 
-    /// The full translation unit handed to NVRTC.
-    pub(crate) fn source(self) -> String {
-        format!("{COMMON}\n{}", self.body())
+    /// Whether the module's kernels read or write `bf16_t` storage, so it is also built for
+    /// f32 storage. The decoder and the features are f32 throughout.
+    pub(crate) fn has_storage_variant(self) -> bool {
+        !matches!(self, KernelModule::Decoder | KernelModule::Features)
+    }
+
+    /// The translation unit for one storage type.
+    pub(crate) fn source_for(self, storage: StorageKind) -> String {
+        let define = match storage {
+            StorageKind::Bf16 => "",
+            StorageKind::F32 => "#define CUDA_ENGINE_F32_STORAGE\n",
+        };
+        format!("{define}{COMMON}\n{}", self.body())
     }
 }
 
@@ -202,7 +214,7 @@ mod tests {
     #[test]
     fn every_kernel_symbol_is_defined_in_its_module() {
         for kernel in Kernel::ALL {
-            let source = kernel.module().source();
+            let source = kernel.module().source_for(StorageKind::Bf16);
             let declaration = format!("void {}(", kernel.name());
             assert!(
                 source.contains(&declaration),

@@ -22,6 +22,7 @@ mod ops;
 mod parakeet;
 mod probe;
 mod sortformer;
+mod storage;
 
 pub use cudarc::driver::CudaSlice;
 pub use decoder::{DecoderEnvelope, GpuDecoder, STEPS_PER_LAUNCH};
@@ -38,6 +39,7 @@ pub use ops::{
     stride2_out_len, AttentionShape, Conv2dShape, DepthwiseShape, HeadShape, LayerNormWeights,
     QkvHeads, Residual, ResidualF32, RowShape,
 };
-pub use parakeet::{FeatureLocation, GpuParakeet};
+pub use parakeet::{EncoderPrecision, FeatureLocation, GpuParakeet};
 pub use probe::DeviceProbe;
 pub use sortformer::{GpuSortformer, GpuSpeakerNetwork};
+pub use storage::{Storage, StorageKind};

@@ -1,5 +1,6 @@
-//! [`GpuParakeet`]: the whole transcription model on one GPU: the bf16 encoder and the
-//! label-looping decoder on the device, log-mel features on the host or (opt-in) the device.
+//! [`GpuParakeet`]: the whole transcription model on one GPU: the encoder (bf16 storage, or f32
+//! for exact parity) and the label-looping decoder on the device, log-mel features on the host
+//! or (opt-in) the device.
 
 use std::path::Path;
 
@@ -13,6 +14,7 @@ use crate::device::CudaEngine;
 use crate::encoder::{EncoderInput, GpuEncoder};
 use crate::error::Result;
 use crate::features::GpuFeatures;
+use half::bf16;
 
 /// Where log-mel features are computed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -25,6 +27,32 @@ pub enum FeatureLocation {
     Device,
 }
 
+/// The encoder's storage type.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EncoderPrecision {
+    /// bf16 weights and activations, fp32 accumulation and residual stream (the fast path).
+    #[default]
+    Bf16,
+    /// f32 throughout (fp32 matmuls, never TF32): NeMo's fp32 inference up to summation order.
+    F32,
+}
+
+/// The encoder in the chosen storage type.
+enum Encoder {
+    Bf16(GpuEncoder<bf16>),
+    F32(GpuEncoder<f32>),
+}
+
+/// Calls the same method on whichever encoder is loaded.
+macro_rules! with_encoder {
+    ($encoder:expr, $e:ident => $call:expr) => {
+        match $encoder {
+            Encoder::Bf16($e) => $call,
+            Encoder::F32($e) => $call,
+        }
+    };
+}
+
 pub struct GpuParakeet {
     engine: CudaEngine,
     config: ParakeetConfig,
@@ -32,24 +60,37 @@ pub struct GpuParakeet {
     feature_location: FeatureLocation,
     host_features: FeatureExtractor,
     features: GpuFeatures,
-    encoder: GpuEncoder,
+    encoder: Encoder,
     decoder: GpuDecoder,
 }
 
 impl GpuParakeet {
-    /// Loads a `.nemo` onto GPU `ordinal` (weights converted once).
+    /// Loads a `.nemo` onto GPU `ordinal` with the bf16 encoder (weights converted once).
     pub fn load(path: &Path, ordinal: usize) -> Result<Self> {
-        let engine = CudaEngine::new(ordinal)?;
-        let ckpt = Checkpoint::load(path)?;
-        Self::from_checkpoint(engine, &ckpt)
+        Self::load_with(path, ordinal, EncoderPrecision::default())
     }
 
-    pub fn from_checkpoint(engine: CudaEngine, ckpt: &Checkpoint) -> Result<Self> {
+    /// Loads a `.nemo` onto GPU `ordinal` with the encoder in `precision`.
+    pub fn load_with(path: &Path, ordinal: usize, precision: EncoderPrecision) -> Result<Self> {
+        let engine = CudaEngine::new(ordinal)?;
+        let ckpt = Checkpoint::load(path)?;
+        Self::from_checkpoint(engine, &ckpt, precision)
+    }
+
+    pub fn from_checkpoint(
+        engine: CudaEngine,
+        ckpt: &Checkpoint,
+        precision: EncoderPrecision,
+    ) -> Result<Self> {
+        let encoder = match precision {
+            EncoderPrecision::Bf16 => Encoder::Bf16(GpuEncoder::from_checkpoint(&engine, ckpt)?),
+            EncoderPrecision::F32 => Encoder::F32(GpuEncoder::from_checkpoint(&engine, ckpt)?),
+        };
         Ok(Self {
             feature_location: FeatureLocation::default(),
             host_features: FeatureExtractor::from_checkpoint(ckpt)?,
             features: GpuFeatures::from_checkpoint(&engine, ckpt)?,
-            encoder: GpuEncoder::from_checkpoint(&engine, ckpt)?,
+            encoder,
             decoder: GpuDecoder::from_checkpoint(&engine, ckpt)?,
             config: ckpt.config.clone(),
             vocabulary: ckpt.vocabulary.clone(),
@@ -69,6 +110,13 @@ impl GpuParakeet {
         &self.vocabulary
     }
 
+    pub fn encoder_precision(&self) -> EncoderPrecision {
+        match self.encoder {
+            Encoder::Bf16(_) => EncoderPrecision::Bf16,
+            Encoder::F32(_) => EncoderPrecision::F32,
+        }
+    }
+
     pub fn feature_location(&self) -> FeatureLocation {
         self.feature_location
     }
@@ -84,12 +132,10 @@ impl GpuParakeet {
             FeatureLocation::Host => {
                 let features: Vec<_> = pcm.iter().map(|c| self.host_features.compute(c)).collect();
                 let refs: Vec<_> = features.iter().collect();
-                self.encoder.prepare(&self.engine, &refs)
+                with_encoder!(&self.encoder, e => e.prepare(&self.engine, &refs))
             }
-            FeatureLocation::Device => {
-                self.encoder
-                    .prepare_device(&self.engine, &self.features, pcm)
-            }
+            FeatureLocation::Device => with_encoder!(&self.encoder, e => e
+                .prepare_device(&self.engine, &self.features, pcm)),
         }
     }
 
@@ -112,7 +158,7 @@ impl GpuParakeet {
             .collect();
         let batch: Vec<&[f32]> = (0..max_batch.max(1)).map(|_| clip.as_slice()).collect();
         let input = self.encoder_input(&batch)?;
-        let encoded = self.encoder.run(&self.engine, &input)?;
+        let encoded = with_encoder!(&self.encoder, e => e.run(&self.engine, &input))?;
         self.recycle(input);
         let envelope = DecoderEnvelope {
             max_batch: batch.len(),
@@ -126,7 +172,7 @@ impl GpuParakeet {
     /// One hypothesis per clip (16 kHz mono), each equal to the clip's own result.
     pub fn transcribe_batch(&self, pcm: &[&[f32]]) -> Result<Vec<Hypothesis>> {
         let input = self.encoder_input(pcm)?;
-        let encoded = self.encoder.run(&self.engine, &input)?;
+        let encoded = with_encoder!(&self.encoder, e => e.run(&self.engine, &input))?;
         self.recycle(input);
         self.decoder.decode(&self.engine, &encoded)
     }

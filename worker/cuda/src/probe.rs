@@ -54,7 +54,7 @@ impl CudaEngine {
         let values = [1.0f32, -2.5, 0.15625, 65504.0];
         let x = self.upload(&values)?;
         let mut y = self.zeros::<bf16>(values.len())?;
-        self.f32_to_bf16(&x, &mut y)?;
+        self.f32_to_storage(&x, &mut y)?;
         let got = self.download(&y)?;
         let want: Vec<bf16> = values.iter().map(|v| bf16::from_f32(*v)).collect();
         if got != want {

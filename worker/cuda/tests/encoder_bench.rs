@@ -211,7 +211,7 @@ fn encoder_throughput_full_size_random_weights() -> Result<()> {
     let mut rng = Rng::fresh("encoder_bench");
     let started = Instant::now();
     let tensors = random_tensors(&cfg, &mut rng);
-    let encoder = GpuEncoder::load(&engine, &tensors, &cfg)?;
+    let encoder: GpuEncoder = GpuEncoder::load(&engine, &tensors, &cfg)?;
     engine.synchronize()?;
     drop(tensors);
     eprintln!(

@@ -252,6 +252,48 @@ fn clip_margins(path: &Path) -> Result<BTreeMap<String, f64>> {
     Ok(out)
 }
 
+/// The f32-storage build: the same kernels with f32 weights and activations, fp32 matmuls (no
+/// TF32). It differs from the CPU engine only by summation order.
+const MAX_REL_L2_F32: f64 = 1e-5;
+
+#[test]
+fn f32_storage_encoder_matches_cpu_and_nemo_to_fp32_rounding() -> Result<()> {
+    let Some(engine) = engine("encoder_parity_f32") else {
+        return Ok(());
+    };
+    let mut failures = Vec::new();
+    for model in MODELS {
+        let fixture = load(&engine, model)?;
+        let ckpt = Checkpoint::load(&fixtures().join(model).join("model.nemo"))?;
+        let gpu = GpuEncoder::<f32>::from_checkpoint(&engine, &ckpt)?;
+        let all: Vec<&Features> = fixture.features.iter().collect();
+        let batched = gpu.encode(&engine, &all)?;
+        for (i, f) in fixture.features.iter().enumerate() {
+            let single = gpu.encode(&engine, &[f])?;
+            for (label, ours) in [("batch=1", &single[0]), ("batched", &batched[i])] {
+                let vs_cpu = rel_l2(ours, &fixture.cpu_encoded[i]);
+                let vs_nemo = fixture
+                    .nemo
+                    .get(CLIPS[i])
+                    .map_or(f64::INFINITY, |n| rel_l2(ours, n));
+                eprintln!(
+                    "RESULT encoder f32 {model} {label} {}: rel_l2 vs CPU f32 = {vs_cpu:.3e}, \
+                     vs NeMo = {vs_nemo:.3e}",
+                    CLIPS[i]
+                );
+                if vs_cpu > MAX_REL_L2_F32 || vs_nemo > MAX_REL_L2_F32 {
+                    failures.push(format!(
+                        "{model} {label} {}: {vs_cpu:.3e} / {vs_nemo:.3e}",
+                        CLIPS[i]
+                    ));
+                }
+            }
+        }
+    }
+    ensure!(failures.is_empty(), "failures: {failures:#?}");
+    Ok(())
+}
+
 #[test]
 fn empty_batches_and_empty_utterances_give_empty_outputs() -> Result<()> {
     let Some(engine) = engine("encoder_empty_inputs") else {
@@ -259,7 +301,7 @@ fn empty_batches_and_empty_utterances_give_empty_outputs() -> Result<()> {
     };
     let ckpt = Checkpoint::load(&fixtures().join(MODEL).join("model.nemo"))?;
     let cpu = ParakeetModel::from_checkpoint(&ckpt)?;
-    let gpu = GpuEncoder::from_checkpoint(&engine, &ckpt)?;
+    let gpu: GpuEncoder = GpuEncoder::from_checkpoint(&engine, &ckpt)?;
     ensure!(gpu.encode(&engine, &[])?.is_empty(), "empty batch");
 
     let empty = Features {

@@ -458,7 +458,7 @@ fn prepare_device_feeds_the_encoder_like_prepare() -> Result<()> {
         return Ok(());
     };
     let ckpt = Checkpoint::load(&fixtures().join(MODELS[0]).join("model.nemo"))?;
-    let encoder = GpuEncoder::from_checkpoint(&engine, &ckpt)?;
+    let encoder: GpuEncoder = GpuEncoder::from_checkpoint(&engine, &ckpt)?;
     let gpu_features = GpuFeatures::from_checkpoint(&engine, &ckpt)?;
     let cpu_features = FeatureExtractor::from_checkpoint(&ckpt)?;
     let clips = fixture_clips()?;
@@ -542,7 +542,7 @@ fn checkpoints_without_stored_arrays_work_and_wrong_widths_are_refused() -> Resu
         "computed filterbank/window features differ from the CPU by {max_err}"
     );
     // Features of another width than the encoder takes.
-    let encoder = GpuEncoder::from_checkpoint(&engine, &ckpt)?;
+    let encoder: GpuEncoder = GpuEncoder::from_checkpoint(&engine, &ckpt)?;
     let n_mels = ckpt.config.features.n_mels + 1;
     let n_freq = ckpt.config.features.n_fft / 2 + 1;
     let wide = FeatureConfig {

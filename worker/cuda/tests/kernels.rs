@@ -51,7 +51,7 @@ fn f32_to_bf16_matches_half_crate_rounding_bit_for_bit() {
         }
         let x = engine.upload(&host).expect("upload");
         let mut y = poisoned_bf16(&engine, n);
-        engine.f32_to_bf16(&x, &mut y).expect("launch");
+        engine.f32_to_storage(&x, &mut y).expect("launch");
         let got = engine.download(&y).expect("download");
         let mut mismatches = 0;
         for (i, (&g, &v)) in got.iter().zip(&host).enumerate() {
@@ -83,7 +83,7 @@ fn bf16_to_f32_is_exact_for_every_bit_pattern() {
     let host: Vec<bf16> = (0..=u16::MAX).map(bf16::from_bits).collect();
     let x = engine.upload(&host).expect("upload");
     let mut y = poisoned_f32(&engine, host.len());
-    engine.bf16_to_f32(&x, &mut y).expect("launch");
+    engine.storage_to_f32(&x, &mut y).expect("launch");
     let got = engine.download(&y).expect("download");
     let mismatches = got
         .iter()

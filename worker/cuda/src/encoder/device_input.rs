@@ -7,8 +7,9 @@ use super::{EncoderInput, GpuEncoder};
 use crate::device::CudaEngine;
 use crate::error::{CudaEngineError, Result};
 use crate::features::GpuFeatures;
+use crate::storage::Storage;
 
-impl GpuEncoder {
+impl<S: Storage> GpuEncoder<S> {
     /// Log-mel features of a batch of 16 kHz mono clips, computed by `features` on the device
     /// and laid out as the encoder's padded input (ordered on the engine's stream).
     pub fn prepare_device(

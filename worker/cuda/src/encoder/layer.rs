@@ -13,16 +13,17 @@ use crate::device::CudaEngine;
 use crate::error::Result;
 use crate::matmul::BLayout;
 use crate::ops::{DepthwiseShape, QkvHeads, ResidualF32, RowShape};
+use crate::storage::Storage;
 
 /// Residual weight of the two macaron feed-forward modules.
 const FF_RESIDUAL_SCALE: f32 = 0.5;
 
-struct FeedForward {
-    linear1: DeviceLinear,
-    linear2: DeviceLinear,
+struct FeedForward<S> {
+    linear1: DeviceLinear<S>,
+    linear2: DeviceLinear<S>,
 }
 
-impl FeedForward {
+impl<S: Storage> FeedForward<S> {
     fn load(
         engine: &CudaEngine,
         tensors: &TensorMap,
@@ -49,26 +50,26 @@ impl FeedForward {
     }
 
     /// `ws.branch = linear2(SiLU(linear1(ws.normed)))`.
-    fn forward(&self, engine: &CudaEngine, ws: &mut Workspace, rows: usize) -> Result<()> {
+    fn forward(&self, engine: &CudaEngine, ws: &mut Workspace<S>, rows: usize) -> Result<()> {
         self.linear1
-            .forward_bf16(engine, &ws.normed, rows, &mut ws.ff_hidden)?;
+            .forward_storage(engine, &ws.normed, rows, &mut ws.ff_hidden)?;
         engine.silu(&ws.ff_hidden, &mut ws.ff_activated)?;
         self.linear2
             .forward_f32(engine, &ws.ff_activated, rows, &mut ws.branch)
     }
 }
 
-struct SelfAttention {
+struct SelfAttention<S> {
     /// Q, K and V stacked: `[3d, d]`.
-    qkv: DeviceLinear,
-    pos: DeviceLinear,
-    out: DeviceLinear,
+    qkv: DeviceLinear<S>,
+    pos: DeviceLinear<S>,
+    out: DeviceLinear<S>,
     pos_bias_u: CudaSlice<f32>,
     pos_bias_v: CudaSlice<f32>,
     attention: AttentionModel,
 }
 
-impl SelfAttention {
+impl<S: Storage> SelfAttention<S> {
     fn load(
         engine: &CudaEngine,
         tensors: &TensorMap,
@@ -134,12 +135,12 @@ impl SelfAttention {
     /// `ws.branch = MHSA(ws.normed)` with full or local relative-position attention. Local
     /// attention still computes the full `T×T` `QKᵀ` and masks outside the band (correct, not
     /// yet the memory saving the local variant exists for).
-    fn forward(&self, engine: &CudaEngine, ws: &mut Workspace) -> Result<()> {
+    fn forward(&self, engine: &CudaEngine, ws: &mut Workspace<S>) -> Result<()> {
         let shape = ws.shape;
         let rows = shape.batch * shape.time;
         let positions = ws.positions;
         self.qkv
-            .forward_bf16(engine, &ws.normed, rows, &mut ws.qkv)?;
+            .forward_storage(engine, &ws.normed, rows, &mut ws.qkv)?;
         engine.split_qkv_heads(
             &ws.qkv,
             &self.pos_bias_u,
@@ -153,7 +154,7 @@ impl SelfAttention {
             },
         )?;
         self.pos
-            .forward_bf16(engine, &ws.pos_table, positions, &mut ws.pos_projected)?;
+            .forward_storage(engine, &ws.pos_table, positions, &mut ws.pos_projected)?;
         engine.split_pos_heads(&ws.pos_projected, shape, positions, &mut ws.pos_heads)?;
 
         let no_bias: Option<&CudaSlice<f32>> = None;
@@ -204,13 +205,13 @@ impl SelfAttention {
 }
 
 /// `pointwise_conv1 → GLU → depthwise (BatchNorm folded) → SiLU → pointwise_conv2`.
-struct ConvModule {
-    pointwise1: DeviceLinear,
+struct ConvModule<S> {
+    pointwise1: DeviceLinear<S>,
     depthwise: DeviceDepthwise,
-    pointwise2: DeviceLinear,
+    pointwise2: DeviceLinear<S>,
 }
 
-impl ConvModule {
+impl<S: Storage> ConvModule<S> {
     fn load(
         engine: &CudaEngine,
         tensors: &TensorMap,
@@ -238,11 +239,11 @@ impl ConvModule {
     }
 
     /// `ws.branch = Conv(ws.normed)`; padded frames enter the depthwise conv as zeros.
-    fn forward(&self, engine: &CudaEngine, ws: &mut Workspace) -> Result<()> {
+    fn forward(&self, engine: &CudaEngine, ws: &mut Workspace<S>) -> Result<()> {
         let shape = ws.shape;
         let (rows, d) = (shape.batch * shape.time, shape.d_model());
         self.pointwise1
-            .forward_bf16(engine, &ws.normed, rows, &mut ws.conv_in)?;
+            .forward_storage(engine, &ws.normed, rows, &mut ws.conv_in)?;
         engine.glu(&ws.conv_in, rows, d, &mut ws.conv_gated)?;
         engine.depthwise_conv1d(
             &ws.conv_gated,
@@ -263,19 +264,19 @@ impl ConvModule {
     }
 }
 
-pub(crate) struct ConformerLayer {
+pub(crate) struct ConformerLayer<S> {
     norm_feed_forward1: DeviceLayerNorm,
-    feed_forward1: FeedForward,
+    feed_forward1: FeedForward<S>,
     norm_self_att: DeviceLayerNorm,
-    self_attn: SelfAttention,
+    self_attn: SelfAttention<S>,
     norm_conv: DeviceLayerNorm,
-    conv: ConvModule,
+    conv: ConvModule<S>,
     norm_feed_forward2: DeviceLayerNorm,
-    feed_forward2: FeedForward,
+    feed_forward2: FeedForward<S>,
     norm_out: DeviceLayerNorm,
 }
 
-impl ConformerLayer {
+impl<S: Storage> ConformerLayer<S> {
     pub(crate) fn load(
         engine: &CudaEngine,
         tensors: &TensorMap,
@@ -311,7 +312,7 @@ impl ConformerLayer {
     pub(crate) fn forward(
         &self,
         engine: &CudaEngine,
-        ws: &mut Workspace,
+        ws: &mut Workspace<S>,
         laps: &mut Option<Laps>,
     ) -> Result<()> {
         let shape = ws.shape;
@@ -361,9 +362,9 @@ impl ConformerLayer {
 }
 
 /// `x += alpha · branch; normed = LN(x)`.
-fn add_and_norm(
+fn add_and_norm<S: Storage>(
     engine: &CudaEngine,
-    ws: &mut Workspace,
+    ws: &mut Workspace<S>,
     alpha: f32,
     norm: &DeviceLayerNorm,
     shape: RowShape,

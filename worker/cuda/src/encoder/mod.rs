@@ -25,6 +25,8 @@ use models::ModelError;
 use crate::device::CudaEngine;
 use crate::error::{CudaEngineError, DriverContext, Result};
 use crate::ops::HeadShape;
+use crate::storage::{Storage, StorageKind};
+use half::bf16;
 use layer::ConformerLayer;
 pub use profile::StageTimes;
 use profile::{lap, Laps, Stage};
@@ -32,15 +34,15 @@ use subsampling::{StageLengths, Subsampling};
 use workspace::{Workspace, WorkspaceKey, WorkspaceSize};
 
 /// Encoder weights on one GPU, converted once from a checkpoint.
-pub struct GpuEncoder {
+pub struct GpuEncoder<S = bf16> {
     cfg: EncoderConfig,
-    subsampling: Subsampling,
-    layers: Vec<ConformerLayer>,
+    subsampling: Subsampling<S>,
+    layers: Vec<ConformerLayer<S>>,
     /// The last pass's buffers, reused while the padded shape stays the same.
-    workspace: Mutex<Option<Workspace>>,
+    workspace: Mutex<Option<Workspace<S>>>,
     /// [`GpuEncoder::pre_encode`]'s buffers, kept apart so that streaming (pre-encode a chunk,
     /// then run the layers on a longer sequence) does not resize the main workspace every step.
-    pre_encode_workspace: Mutex<Option<PreEncodeWorkspace>>,
+    pre_encode_workspace: Mutex<Option<PreEncodeWorkspace<S>>>,
     subsampling_scratch_bytes: usize,
 }
 
@@ -49,11 +51,11 @@ pub struct GpuEncoder {
 /// size the batch is subsampled in groups (5 utterances of 30 s at a time).
 pub const DEFAULT_SUBSAMPLING_SCRATCH_BYTES: usize = 256 << 20;
 
-struct PreEncodeWorkspace {
+struct PreEncodeWorkspace<S> {
     /// Feature frames this was sized for.
     frames: usize,
-    a: CudaSlice<half::bf16>,
-    b: CudaSlice<half::bf16>,
+    a: CudaSlice<S>,
+    b: CudaSlice<S>,
     x: CudaSlice<f32>,
 }
 
@@ -76,13 +78,17 @@ pub struct EncoderOutput {
     pub frames: Vec<usize>,
 }
 
-impl GpuEncoder {
+impl<S: Storage> GpuEncoder<S> {
     pub fn from_checkpoint(engine: &CudaEngine, ckpt: &Checkpoint) -> Result<Self> {
         Self::load(engine, &ckpt.tensors, &ckpt.config.encoder)
     }
 
-    /// Converts the `encoder.*` tensors of `tensors` to device buffers.
+    /// Converts the `encoder.*` tensors of `tensors` to device buffers in the storage type `S`
+    /// (compiling the f32-storage kernels first when `S` is f32).
     pub fn load(engine: &CudaEngine, tensors: &TensorMap, cfg: &EncoderConfig) -> Result<Self> {
+        if S::KIND == StorageKind::F32 {
+            engine.load_f32_storage()?;
+        }
         if let AttentionModel::RelPosLocal { left, right } = cfg.attention {
             if left.max(right) == 0 {
                 return Err(ModelError::InvalidConfig {
@@ -268,7 +274,7 @@ impl GpuEncoder {
 
     /// Utterances subsampled at once for a batch of `batch` × `frames` feature frames.
     fn subsampling_group(&self, batch: usize, frames: usize) -> usize {
-        let per_utterance = self.subsampling.scratch_elements(1, frames) * size_of::<half::bf16>();
+        let per_utterance = self.subsampling.scratch_elements(1, frames) * size_of::<S>();
         (self.subsampling_scratch_bytes / per_utterance.max(1)).clamp(1, batch.max(1))
     }
 
@@ -280,7 +286,7 @@ impl GpuEncoder {
         engine: &CudaEngine,
         input: &EncoderInput,
         group: usize,
-        ws: &mut Workspace,
+        ws: &mut Workspace<S>,
     ) -> Result<()> {
         let (feat_in, d) = (self.cfg.feat_in, self.cfg.d_model);
         let out_time = self.subsampling.out_time(input.time);
@@ -325,7 +331,7 @@ impl GpuEncoder {
         &self,
         engine: &CudaEngine,
         size: &WorkspaceSize,
-    ) -> Result<MutexGuard<'_, Option<Workspace>>> {
+    ) -> Result<MutexGuard<'_, Option<Workspace<S>>>> {
         let mut cached = self
             .workspace
             .lock()
@@ -343,7 +349,7 @@ impl GpuEncoder {
     fn layers_forward(
         &self,
         engine: &CudaEngine,
-        ws: &mut Workspace,
+        ws: &mut Workspace<S>,
         laps: &mut Option<Laps>,
     ) -> Result<CudaSlice<f32>> {
         for layer in &self.layers {

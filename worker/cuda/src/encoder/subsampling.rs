@@ -7,7 +7,6 @@
 //! x-scaling (`√d_model`) is folded into the `out` weight and bias.
 
 use cudarc::driver::CudaSlice;
-use half::bf16;
 use models::checkpoint::TensorMap;
 use models::config::EncoderConfig;
 use models::ModelError;
@@ -16,20 +15,21 @@ use super::weights::{load_f32, DeviceLinear};
 use crate::device::CudaEngine;
 use crate::error::Result;
 use crate::ops::{stride2_out_len, Conv2dShape};
+use crate::storage::Storage;
 
-struct DepthwiseStage {
+struct DepthwiseStage<S> {
     weight: CudaSlice<f32>,
     bias: CudaSlice<f32>,
-    pointwise: DeviceLinear,
+    pointwise: DeviceLinear<S>,
 }
 
-pub(crate) struct Subsampling {
+pub(crate) struct Subsampling<S> {
     channels: usize,
     feat_in: usize,
     conv0_weight: CudaSlice<f32>,
     conv0_bias: CudaSlice<f32>,
-    stages: Vec<DepthwiseStage>,
-    out: DeviceLinear,
+    stages: Vec<DepthwiseStage<S>>,
+    out: DeviceLinear<S>,
     /// The x-scaling folded into `out` (1 without x-scaling).
     xscale: f32,
 }
@@ -42,7 +42,7 @@ pub(crate) struct StageLengths {
     pub(crate) host: Vec<Vec<usize>>,
 }
 
-impl Subsampling {
+impl<S: Storage> Subsampling<S> {
     pub(crate) fn load(
         engine: &CudaEngine,
         tensors: &TensorMap,
@@ -170,7 +170,7 @@ impl Subsampling {
         features: &CudaSlice<f32>,
         lengths: &StageLengths,
         (batch, time): (usize, usize),
-        (current, scratch): (&mut CudaSlice<bf16>, &mut CudaSlice<bf16>),
+        (current, scratch): (&mut CudaSlice<S>, &mut CudaSlice<S>),
         x: &mut CudaSlice<f32>,
     ) -> Result<()> {
         let c = self.channels;
@@ -207,7 +207,7 @@ impl Subsampling {
             )?;
             stage
                 .pointwise
-                .forward_bf16(engine, scratch, n / c, current)?;
+                .forward_storage(engine, scratch, n / c, current)?;
             engine.relu_inplace(current, n)?;
         }
         let rows = batch * shape.out_time();

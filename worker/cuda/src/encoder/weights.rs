@@ -1,9 +1,8 @@
-//! Checkpoint tensors converted once into device buffers: matmul weights in bf16, norms, biases
+//! Checkpoint tensors converted once into device buffers: matmul weights in the storage type, norms, biases
 //! and small convolution kernels in f32, BatchNorm folded into the depthwise convolution, Q/K/V
 //! fused into one `[3d, d]` weight.
 
 use cudarc::driver::CudaSlice;
-use half::bf16;
 use models::checkpoint::TensorMap;
 use models::config::EncoderConfig;
 
@@ -12,18 +11,20 @@ use crate::error::Result;
 use crate::fold::{fold_batch_norm, BatchNorm};
 use crate::matmul::MatmulSpec;
 use crate::ops::LayerNormWeights;
+use crate::storage::Storage;
 
-/// A Linear layer (or kernel-1 Conv1d) on the device: `y = x Wᵀ (+ b)`. The bias is kept in both
-/// output types because cuBLASLt's bias epilogue takes the output's type.
-pub(crate) struct DeviceLinear {
+/// A Linear layer (or kernel-1 Conv1d) on the device: `y = x Wᵀ (+ b)`, weights in the storage
+/// type `S`. The bias is kept in both output types because cuBLASLt's bias epilogue takes the
+/// output's type.
+pub(crate) struct DeviceLinear<S> {
     pub(crate) in_dim: usize,
     pub(crate) out_dim: usize,
-    weight: CudaSlice<bf16>,
-    bias_bf16: Option<CudaSlice<bf16>>,
+    weight: CudaSlice<S>,
+    bias_storage: Option<CudaSlice<S>>,
     bias_f32: Option<CudaSlice<f32>>,
 }
 
-impl DeviceLinear {
+impl<S: Storage> DeviceLinear<S> {
     /// `weight` is `[out_dim, in_dim]` row-major f32.
     pub(crate) fn new(
         engine: &CudaEngine,
@@ -35,8 +36,8 @@ impl DeviceLinear {
         Ok(Self {
             in_dim,
             out_dim,
-            weight: upload_bf16(engine, weight)?,
-            bias_bf16: bias.map(|b| upload_bf16(engine, b)).transpose()?,
+            weight: upload_storage(engine, weight)?,
+            bias_storage: bias.map(|b| upload_storage(engine, b)).transpose()?,
             bias_f32: bias.map(|b| engine.upload(b)).transpose()?,
         })
     }
@@ -66,23 +67,23 @@ impl DeviceLinear {
         )
     }
 
-    /// bf16 output (the input of another matmul or an activation).
-    pub(crate) fn forward_bf16(
+    /// Output in the storage type (the input of another matmul or an activation).
+    pub(crate) fn forward_storage(
         &self,
         engine: &CudaEngine,
-        x: &CudaSlice<bf16>,
+        x: &CudaSlice<S>,
         rows: usize,
-        out: &mut CudaSlice<bf16>,
+        out: &mut CudaSlice<S>,
     ) -> Result<()> {
         let spec = MatmulSpec::linear(rows, self.in_dim, self.out_dim);
-        engine.matmul(&spec, x, &self.weight, self.bias_bf16.as_ref(), out)
+        engine.matmul(&spec, x, &self.weight, self.bias_storage.as_ref(), out)
     }
 
     /// f32 output (a branch added to the fp32 residual stream).
     pub(crate) fn forward_f32(
         &self,
         engine: &CudaEngine,
-        x: &CudaSlice<bf16>,
+        x: &CudaSlice<S>,
         rows: usize,
         out: &mut CudaSlice<f32>,
     ) -> Result<()> {
@@ -171,8 +172,12 @@ impl DeviceDepthwise {
     }
 }
 
-pub(crate) fn upload_bf16(engine: &CudaEngine, values: &[f32]) -> Result<CudaSlice<bf16>> {
-    let host: Vec<bf16> = values.iter().map(|v| bf16::from_f32(*v)).collect();
+/// `values` rounded to the storage type and uploaded.
+pub(crate) fn upload_storage<S: Storage>(
+    engine: &CudaEngine,
+    values: &[f32],
+) -> Result<CudaSlice<S>> {
+    let host: Vec<S> = values.iter().map(|v| S::from_f32(*v)).collect();
     engine.upload(&host)
 }
 

@@ -2,14 +2,14 @@
 //! every layer and by later passes of the same shape (the encoder caches one).
 
 use cudarc::driver::CudaSlice;
-use half::bf16;
 use models::config::AttentionModel;
 
 use super::pos_table::{positions_for, table_for};
-use super::weights::upload_bf16;
+use super::weights::upload_storage;
 use crate::device::CudaEngine;
 use crate::error::Result;
 use crate::ops::HeadShape;
+use crate::storage::Storage;
 
 /// The input shape a workspace was sized for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,14 +25,14 @@ pub(crate) enum WorkspaceKey {
     PreEncoded { batch: usize, frames: usize },
 }
 
-pub(crate) struct Workspace {
+pub(crate) struct Workspace<S> {
     pub(crate) key: WorkspaceKey,
     pub(crate) shape: HeadShape,
     /// Rows of the position table (`2·time-1`, or the local band).
     pub(crate) positions: usize,
     /// Subsampling activations, each sized for the first convolution's output of one group.
-    pub(crate) subsampling_a: CudaSlice<bf16>,
-    pub(crate) subsampling_b: CudaSlice<bf16>,
+    pub(crate) subsampling_a: CudaSlice<S>,
+    pub(crate) subsampling_b: CudaSlice<S>,
     /// One group's features and subsampled output when the batch is subsampled in groups
     /// (one element otherwise).
     pub(crate) group_features: CudaSlice<f32>,
@@ -40,28 +40,28 @@ pub(crate) struct Workspace {
     /// The fp32 residual stream `[batch, time, d]`.
     pub(crate) x: CudaSlice<f32>,
     /// LayerNorm output, the next block's input `[batch, time, d]`.
-    pub(crate) normed: CudaSlice<bf16>,
+    pub(crate) normed: CudaSlice<S>,
     /// A block's output before the residual add `[batch, time, d]`.
     pub(crate) branch: CudaSlice<f32>,
-    pub(crate) ff_hidden: CudaSlice<bf16>,
-    pub(crate) ff_activated: CudaSlice<bf16>,
-    pub(crate) qkv: CudaSlice<bf16>,
-    pub(crate) q_u: CudaSlice<bf16>,
-    pub(crate) q_v: CudaSlice<bf16>,
-    pub(crate) k: CudaSlice<bf16>,
-    pub(crate) v: CudaSlice<bf16>,
+    pub(crate) ff_hidden: CudaSlice<S>,
+    pub(crate) ff_activated: CudaSlice<S>,
+    pub(crate) qkv: CudaSlice<S>,
+    pub(crate) q_u: CudaSlice<S>,
+    pub(crate) q_v: CudaSlice<S>,
+    pub(crate) k: CudaSlice<S>,
+    pub(crate) v: CudaSlice<S>,
     /// The sinusoid table `[positions, d]` (the same for every layer).
-    pub(crate) pos_table: CudaSlice<bf16>,
-    pub(crate) pos_projected: CudaSlice<bf16>,
-    pub(crate) pos_heads: CudaSlice<bf16>,
+    pub(crate) pos_table: CudaSlice<S>,
+    pub(crate) pos_projected: CudaSlice<S>,
+    pub(crate) pos_heads: CudaSlice<S>,
     pub(crate) scores_ac: CudaSlice<f32>,
     pub(crate) scores_bd: CudaSlice<f32>,
-    pub(crate) probs: CudaSlice<bf16>,
-    pub(crate) context_heads: CudaSlice<bf16>,
-    pub(crate) context: CudaSlice<bf16>,
-    pub(crate) conv_in: CudaSlice<bf16>,
-    pub(crate) conv_gated: CudaSlice<bf16>,
-    pub(crate) conv_out: CudaSlice<bf16>,
+    pub(crate) probs: CudaSlice<S>,
+    pub(crate) context_heads: CudaSlice<S>,
+    pub(crate) context: CudaSlice<S>,
+    pub(crate) conv_in: CudaSlice<S>,
+    pub(crate) conv_gated: CudaSlice<S>,
+    pub(crate) conv_out: CudaSlice<S>,
     /// Valid encoder frames per utterance `[batch]` (set by every pass).
     pub(crate) lengths: CudaSlice<i32>,
 }
@@ -77,7 +77,7 @@ pub(crate) struct WorkspaceSize {
     pub(crate) group_x_elements: usize,
 }
 
-impl Workspace {
+impl<S: Storage> Workspace<S> {
     pub(crate) fn new(engine: &CudaEngine, size: &WorkspaceSize) -> Result<Self> {
         let (shape, ff_hidden) = (size.shape, size.ff_hidden);
         let n = shape.elements();
@@ -103,7 +103,7 @@ impl Workspace {
             q_v: engine.zeros(n)?,
             k: engine.zeros(n)?,
             v: engine.zeros(n)?,
-            pos_table: upload_bf16(engine, &table_for(size.attention, shape.time, d))?,
+            pos_table: upload_storage(engine, &table_for(size.attention, shape.time, d))?,
             pos_projected: engine.zeros(positions * d)?,
             pos_heads: engine.zeros(shape.batch * positions * d)?,
             scores_ac: engine.zeros(scores)?,

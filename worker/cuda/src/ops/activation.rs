@@ -1,28 +1,28 @@
 //! SiLU and GLU in bf16 storage with fp32 arithmetic.
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
-use half::bf16;
 
 use super::{check_len, to_i32, to_i64};
 use crate::device::{elementwise_config, CudaEngine};
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
+use crate::storage::Storage;
 
 impl CudaEngine {
     /// `y = x * sigmoid(x)` over the first `x.len()` elements.
-    pub fn silu(&self, x: &CudaSlice<bf16>, y: &mut CudaSlice<bf16>) -> Result<()> {
+    pub fn silu<S: Storage>(&self, x: &CudaSlice<S>, y: &mut CudaSlice<S>) -> Result<()> {
         // SAFETY: `Silu` has signature (const bf16_t*, bf16_t*, long long).
-        unsafe { self.launch_unary("silu", Kernel::Silu, x, y) }
+        unsafe { self.launch_unary_as(S::KIND, "silu", Kernel::Silu, x, y) }
     }
 
     /// GLU over channels: `x` is `[rows, 2 * half]`, `y[rows, half] = x[:, :half] *
     /// sigmoid(x[:, half:])` (the Conformer convolution module's gate).
-    pub fn glu(
+    pub fn glu<S: Storage>(
         &self,
-        x: &CudaSlice<bf16>,
+        x: &CudaSlice<S>,
         rows: usize,
         half: usize,
-        y: &mut CudaSlice<bf16>,
+        y: &mut CudaSlice<S>,
     ) -> Result<()> {
         const OP: &str = "glu";
         if rows == 0 || half == 0 {
@@ -38,7 +38,8 @@ impl CudaEngine {
         // SAFETY: signature (const bf16_t*, bf16_t*, long long, int); x holds rows*2*half and y
         // rows*half elements, the kernel's index range.
         unsafe {
-            self.launch(
+            self.launch_as(
+                S::KIND,
                 Kernel::Glu,
                 elementwise_config(rows * half),
                 || format!("rows={rows} half={half}"),

@@ -2,13 +2,13 @@
 //! head-major layout `[heads, batch, time, head_dim]` and the relative-shift softmax.
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
-use half::bf16;
 
 use super::{check_len, rows_for_grid, to_i32};
 use crate::device::{elementwise_config, per_row_config, CudaEngine};
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
 use crate::matmul::{BLayout, MatmulSpec};
+use crate::storage::Storage;
 
 /// `batch` padded sequences of `time` frames, `heads` heads of `head_dim` channels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,23 +66,23 @@ impl HeadShape {
 
 /// The four head-major outputs of [`CudaEngine::split_qkv_heads`].
 #[derive(Debug)]
-pub struct QkvHeads<'a> {
-    pub q_u: &'a mut CudaSlice<bf16>,
-    pub q_v: &'a mut CudaSlice<bf16>,
-    pub k: &'a mut CudaSlice<bf16>,
-    pub v: &'a mut CudaSlice<bf16>,
+pub struct QkvHeads<'a, S> {
+    pub q_u: &'a mut CudaSlice<S>,
+    pub q_v: &'a mut CudaSlice<S>,
+    pub k: &'a mut CudaSlice<S>,
+    pub v: &'a mut CudaSlice<S>,
 }
 
 impl CudaEngine {
     /// `qkv` `[batch, time, 3*d]` (q | k | v) into head-major `q + u`, `q + v`, `k`, `v`;
     /// `pos_bias_u/v` are `[d]` f32.
-    pub fn split_qkv_heads(
+    pub fn split_qkv_heads<S: Storage>(
         &self,
-        qkv: &CudaSlice<bf16>,
+        qkv: &CudaSlice<S>,
         pos_bias_u: &CudaSlice<f32>,
         pos_bias_v: &CudaSlice<f32>,
         shape: HeadShape,
-        out: QkvHeads<'_>,
+        out: QkvHeads<'_, S>,
     ) -> Result<()> {
         const OP: &str = "split_qkv_heads";
         let dims = shape.kernel_args(OP)?;
@@ -98,7 +98,8 @@ impl CudaEngine {
         // int time, int heads, int head_dim, bf16_t* q_u, bf16_t* q_v, bf16_t* k, bf16_t* v);
         // qkv holds 3n, the outputs n, the biases d elements (checked above).
         unsafe {
-            self.launch(
+            self.launch_as(
+                S::KIND,
                 Kernel::SplitQkvHeads,
                 elementwise_config(n),
                 || format!("{shape:?}"),
@@ -115,12 +116,12 @@ impl CudaEngine {
 
     /// The projected position table `p` `[positions, d]` into `[heads, batch, positions,
     /// head_dim]` (repeated per batch entry).
-    pub fn split_pos_heads(
+    pub fn split_pos_heads<S: Storage>(
         &self,
-        p: &CudaSlice<bf16>,
+        p: &CudaSlice<S>,
         shape: HeadShape,
         positions: usize,
-        p_heads: &mut CudaSlice<bf16>,
+        p_heads: &mut CudaSlice<S>,
     ) -> Result<()> {
         const OP: &str = "split_pos_heads";
         let [batch, _, heads, head_dim] = shape.kernel_args(OP)?;
@@ -134,7 +135,8 @@ impl CudaEngine {
         // SAFETY: signature (const bf16_t* p, int batch, int positions, int heads, int head_dim,
         // bf16_t* p_heads); p holds positions*d and p_heads batch*positions*d elements.
         unsafe {
-            self.launch(
+            self.launch_as(
+                S::KIND,
                 Kernel::SplitPosHeads,
                 elementwise_config(n),
                 || format!("{shape:?} positions={positions}"),
@@ -153,14 +155,14 @@ impl CudaEngine {
     /// `probs = softmax(scale * (ac + shift(bd)))` over valid keys; see `kernels/attention.cu`.
     /// `ac` is `[heads*batch, time, time]`, `bd` `[heads*batch, time, 2*time-1]` (both f32),
     /// `probs` `[heads*batch, time, time]` bf16, `lengths` `[batch]`.
-    pub fn rel_pos_softmax(
+    pub fn rel_pos_softmax<S: Storage>(
         &self,
         ac: &CudaSlice<f32>,
         bd: &CudaSlice<f32>,
         lengths: &CudaSlice<i32>,
         scale: f32,
         shape: HeadShape,
-        probs: &mut CudaSlice<bf16>,
+        probs: &mut CudaSlice<S>,
     ) -> Result<()> {
         const OP: &str = "rel_pos_softmax";
         let [batch, time, _, _] = shape.kernel_args(OP)?;
@@ -174,7 +176,8 @@ impl CudaEngine {
         // int batch, int time, bf16_t* probs); one block per row of heads*batch*time rows, the
         // buffers checked against those rows above.
         unsafe {
-            self.launch(
+            self.launch_as(
+                S::KIND,
                 Kernel::RelPosSoftmax,
                 per_row_config(grid),
                 || format!("{shape:?}"),
@@ -194,7 +197,7 @@ impl CudaEngine {
     /// Local-attention softmax over keys `i-left ..= i+right`; `bd` is `[heads*batch, time,
     /// left+right+1]` against the band table. See `kernels/attention.cu` for the placement.
     #[allow(clippy::too_many_arguments)]
-    pub fn local_rel_pos_softmax(
+    pub fn local_rel_pos_softmax<S: Storage>(
         &self,
         ac: &CudaSlice<f32>,
         bd: &CudaSlice<f32>,
@@ -202,7 +205,7 @@ impl CudaEngine {
         scale: f32,
         shape: HeadShape,
         (left, right): (usize, usize),
-        probs: &mut CudaSlice<bf16>,
+        probs: &mut CudaSlice<S>,
     ) -> Result<()> {
         const OP: &str = "local_rel_pos_softmax";
         let [batch, time, _, _] = shape.kernel_args(OP)?;
@@ -218,7 +221,8 @@ impl CudaEngine {
         // heads*batch*time rows; ac and probs hold rows*time, bd rows*(left+right+1) elements
         // and the kernel reads bd only at columns 0 ..= left+right.
         unsafe {
-            self.launch(
+            self.launch_as(
+                S::KIND,
                 Kernel::LocalRelPosSoftmax,
                 per_row_config(grid),
                 || format!("{shape:?} left={left} right={right}"),
@@ -239,15 +243,15 @@ impl CudaEngine {
 
     /// The attention output: `context_heads = probs · v` per head (`probs` `[heads·batch, time,
     /// time]`, `v` head-major), merged back to `context` `[batch, time, d]`.
-    pub fn attend(
+    pub fn attend<S: Storage>(
         &self,
-        probs: &CudaSlice<bf16>,
-        v: &CudaSlice<bf16>,
+        probs: &CudaSlice<S>,
+        v: &CudaSlice<S>,
         shape: HeadShape,
-        context_heads: &mut CudaSlice<bf16>,
-        context: &mut CudaSlice<bf16>,
+        context_heads: &mut CudaSlice<S>,
+        context: &mut CudaSlice<S>,
     ) -> Result<()> {
-        let no_bias: Option<&CudaSlice<bf16>> = None;
+        let no_bias: Option<&CudaSlice<S>> = None;
         self.matmul(
             &shape.per_head_matmul(shape.head_dim, shape.time, BLayout::KByN),
             probs,
@@ -259,11 +263,11 @@ impl CudaEngine {
     }
 
     /// Head-major `ctx` `[heads, batch, time, head_dim]` back to `[batch, time, d]`.
-    pub fn merge_heads(
+    pub fn merge_heads<S: Storage>(
         &self,
-        ctx: &CudaSlice<bf16>,
+        ctx: &CudaSlice<S>,
         shape: HeadShape,
-        out: &mut CudaSlice<bf16>,
+        out: &mut CudaSlice<S>,
     ) -> Result<()> {
         const OP: &str = "merge_heads";
         let dims = shape.kernel_args(OP)?;
@@ -273,7 +277,8 @@ impl CudaEngine {
         // SAFETY: signature (const bf16_t* ctx, int batch, int time, int heads, int head_dim,
         // bf16_t* out); both hold batch*time*d elements.
         unsafe {
-            self.launch(
+            self.launch_as(
+                S::KIND,
                 Kernel::MergeHeads,
                 elementwise_config(n),
                 || format!("{shape:?}"),

@@ -2,12 +2,12 @@
 //! with padding-frame masking and an optional fused SiLU.
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
-use half::bf16;
 
 use super::{check_len, to_i32};
 use crate::device::{elementwise_config, CudaEngine};
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
+use crate::storage::Storage;
 
 /// `x` and `y` are `[batch, time, channels]`; the kernel has `kernel` taps (odd), padded
 /// symmetrically by `(kernel - 1) / 2` frames.
@@ -24,15 +24,15 @@ impl CudaEngine {
     /// `t >= lengths[b]` count as zero on input and are written as zero; `act` is SiLU when
     /// `apply_silu`, identity otherwise. `weight` is `[channels, kernel]`, `bias` `[channels]`.
     #[allow(clippy::too_many_arguments)]
-    pub fn depthwise_conv1d(
+    pub fn depthwise_conv1d<S: Storage>(
         &self,
-        x: &CudaSlice<bf16>,
+        x: &CudaSlice<S>,
         weight: &CudaSlice<f32>,
         bias: &CudaSlice<f32>,
         lengths: &CudaSlice<i32>,
         shape: DepthwiseShape,
         apply_silu: bool,
-        y: &mut CudaSlice<bf16>,
+        y: &mut CudaSlice<S>,
     ) -> Result<()> {
         const OP: &str = "depthwise_conv1d";
         let DepthwiseShape {
@@ -64,7 +64,8 @@ impl CudaEngine {
         // int time, int channels, int kernel, int apply_silu, bf16_t*); x and y hold
         // batch*time*channels elements, weight channels*kernel, bias channels, lengths batch.
         unsafe {
-            self.launch(
+            self.launch_as(
+                S::KIND,
                 Kernel::DepthwiseConv1d,
                 elementwise_config(elements),
                 || format!("{shape:?} silu={apply_silu}"),

@@ -1,12 +1,12 @@
 //! LayerNorm over the channel axis, optionally fused with the residual add that precedes it.
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
-use half::bf16;
 
 use super::{check_len, rows_for_grid, to_i32};
 use crate::device::{per_row_config, CudaEngine};
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
+use crate::storage::Storage;
 
 /// `rows` independent rows of `cols` contiguous channels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,19 +26,19 @@ pub struct LayerNormWeights<'a> {
 /// The branch added to the residual stream before normalizing: `x + alpha * r`
 /// (alpha = 0.5 for the Conformer's half-step feed-forward modules).
 #[derive(Debug, Clone, Copy)]
-pub struct Residual<'a> {
-    pub r: &'a CudaSlice<bf16>,
+pub struct Residual<'a, S> {
+    pub r: &'a CudaSlice<S>,
     pub alpha: f32,
 }
 
 impl CudaEngine {
     /// `y = LayerNorm(x) * gamma + beta` per row, statistics in f32.
-    pub fn layer_norm(
+    pub fn layer_norm<S: Storage>(
         &self,
-        x: &CudaSlice<bf16>,
+        x: &CudaSlice<S>,
         weights: &LayerNormWeights<'_>,
         shape: RowShape,
-        y: &mut CudaSlice<bf16>,
+        y: &mut CudaSlice<S>,
     ) -> Result<()> {
         const OP: &str = "layer_norm";
         let (grid_rows, cols) = check_shape(OP, x, weights, shape, y)?;
@@ -46,7 +46,8 @@ impl CudaEngine {
         // SAFETY: signature (const bf16_t*, const float*, const float*, float, int, bf16_t*);
         // x and y hold rows*cols elements, gamma and beta cols; one block per row.
         unsafe {
-            self.launch(
+            self.launch_as(
+                S::KIND,
                 Kernel::LayerNorm,
                 per_row_config(grid_rows),
                 || format!("{shape:?}"),
@@ -64,14 +65,14 @@ impl CudaEngine {
 
     /// `sum = x + alpha * r` (written to `sum_out`, the next residual stream value) and
     /// `y = LayerNorm(sum) * gamma + beta`, in one pass over the rows.
-    pub fn add_layer_norm(
+    pub fn add_layer_norm<S: Storage>(
         &self,
-        x: &CudaSlice<bf16>,
-        residual: Residual<'_>,
+        x: &CudaSlice<S>,
+        residual: Residual<'_, S>,
         weights: &LayerNormWeights<'_>,
         shape: RowShape,
-        sum_out: &mut CudaSlice<bf16>,
-        y: &mut CudaSlice<bf16>,
+        sum_out: &mut CudaSlice<S>,
+        y: &mut CudaSlice<S>,
     ) -> Result<()> {
         const OP: &str = "add_layer_norm";
         let (grid_rows, cols) = check_shape(OP, x, weights, shape, y)?;
@@ -83,7 +84,8 @@ impl CudaEngine {
         // const float*, float, int, bf16_t* sum_out, bf16_t* y); x, r, sum_out and y hold
         // rows*cols elements, gamma and beta cols; one block per row.
         unsafe {
-            self.launch(
+            self.launch_as(
+                S::KIND,
                 Kernel::AddLayerNorm,
                 per_row_config(grid_rows),
                 || format!("{shape:?}"),
@@ -103,12 +105,12 @@ impl CudaEngine {
     }
 }
 
-fn check_shape(
+fn check_shape<S: Storage>(
     op: &'static str,
-    x: &CudaSlice<bf16>,
+    x: &CudaSlice<S>,
     weights: &LayerNormWeights<'_>,
     shape: RowShape,
-    y: &CudaSlice<bf16>,
+    y: &CudaSlice<S>,
 ) -> Result<(u32, i32)> {
     if shape.cols == 0 {
         return Err(CudaEngineError::Shape {

@@ -21,6 +21,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 use crate::device::{elementwise_config, CudaEngine};
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
+use crate::storage::StorageKind;
 
 impl CudaEngine {
     /// Launches an elementwise kernel with signature `(const A*, B*, long long n)` over
@@ -28,8 +29,9 @@ impl CudaEngine {
     ///
     /// # Safety
     /// `kernel` must have exactly that signature and touch only indices `< n`.
-    pub(crate) unsafe fn launch_unary<A: DeviceRepr, B: DeviceRepr>(
+    pub(crate) unsafe fn launch_unary_as<A: DeviceRepr, B: DeviceRepr>(
         &self,
+        storage: StorageKind,
         op: &'static str,
         kernel: Kernel,
         x: &CudaSlice<A>,
@@ -43,7 +45,8 @@ impl CudaEngine {
         }
         // SAFETY: forwarded from this function's contract; both buffers hold n elements.
         unsafe {
-            self.launch(
+            self.launch_as(
+                storage,
                 kernel,
                 elementwise_config(n),
                 || format!("n={n}"),

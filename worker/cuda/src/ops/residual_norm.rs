@@ -1,13 +1,13 @@
 //! LayerNorm on the fp32 residual stream, fused with the residual add that precedes it.
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
-use half::bf16;
 
 use super::{check_len, rows_for_grid, to_i32};
 use crate::device::{per_row_config, CudaEngine};
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
 use crate::ops::{LayerNormWeights, RowShape};
+use crate::storage::Storage;
 
 /// The branch output `h` (f32) added to the residual stream as `x + alpha * h`.
 #[derive(Debug, Clone, Copy)]
@@ -18,12 +18,12 @@ pub struct ResidualF32<'a> {
 
 impl CudaEngine {
     /// `y = LayerNorm(x)` per row: `x` f32, `y` bf16.
-    pub fn layer_norm_f32(
+    pub fn layer_norm_f32<S: Storage>(
         &self,
         x: &CudaSlice<f32>,
         weights: &LayerNormWeights<'_>,
         shape: RowShape,
-        y: &mut CudaSlice<bf16>,
+        y: &mut CudaSlice<S>,
     ) -> Result<()> {
         const OP: &str = "layer_norm_f32";
         let (rows, cols) = check_rows(OP, x.len(), weights, shape)?;
@@ -32,7 +32,8 @@ impl CudaEngine {
         // SAFETY: signature (const float* x, const float* gamma, const float* beta, float eps,
         // int cols, bf16_t* y); x and y hold rows*cols elements, gamma and beta cols.
         unsafe {
-            self.launch(
+            self.launch_as(
+                S::KIND,
                 Kernel::LayerNormF32,
                 per_row_config(rows),
                 || format!("{shape:?}"),
@@ -49,13 +50,13 @@ impl CudaEngine {
     }
 
     /// `x += alpha * h` (stored) and `y = LayerNorm(x)` (bf16).
-    pub fn add_layer_norm_f32(
+    pub fn add_layer_norm_f32<S: Storage>(
         &self,
         x: &mut CudaSlice<f32>,
         residual: ResidualF32<'_>,
         weights: &LayerNormWeights<'_>,
         shape: RowShape,
-        y: &mut CudaSlice<bf16>,
+        y: &mut CudaSlice<S>,
     ) -> Result<()> {
         const OP: &str = "add_layer_norm_f32";
         let (rows, cols) = check_rows(OP, x.len(), weights, shape)?;
@@ -66,7 +67,8 @@ impl CudaEngine {
         // const float* beta, float eps, int cols, bf16_t* y); x, h and y hold rows*cols
         // elements, gamma and beta cols.
         unsafe {
-            self.launch(
+            self.launch_as(
+                S::KIND,
                 Kernel::AddLayerNormF32,
                 per_row_config(rows),
                 || format!("{shape:?}"),

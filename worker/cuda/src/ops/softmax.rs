@@ -1,12 +1,12 @@
 //! Row softmax over attention scores with a per-utterance length mask.
 
 use cudarc::driver::{CudaSlice, PushKernelArg};
-use half::bf16;
 
 use super::{check_len, rows_for_grid, to_i32};
 use crate::device::{per_row_config, CudaEngine};
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
+use crate::storage::Storage;
 
 /// Scores laid out `[batch, heads, tq, tk]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,13 +21,13 @@ impl CudaEngine {
     /// `probs = softmax(scale * scores)` over the last axis, where for utterance `b` only the
     /// first `lengths[b]` keys take part; masked keys, and every key of query rows
     /// `q >= lengths[b]`, get probability 0 (never NaN, also for `lengths[b] = 0`).
-    pub fn masked_softmax(
+    pub fn masked_softmax<S: Storage>(
         &self,
         scores: &CudaSlice<f32>,
         lengths: &CudaSlice<i32>,
         scale: f32,
         shape: AttentionShape,
-        probs: &mut CudaSlice<bf16>,
+        probs: &mut CudaSlice<S>,
     ) -> Result<()> {
         const OP: &str = "masked_softmax";
         let AttentionShape {
@@ -55,7 +55,8 @@ impl CudaEngine {
         // SAFETY: signature (const float*, const int*, float, int, int, int, bf16_t*); scores
         // and probs hold batch*heads*tq*tk elements, lengths batch; one block per row.
         unsafe {
-            self.launch(
+            self.launch_as(
+                S::KIND,
                 Kernel::MaskedSoftmax,
                 per_row_config(grid_rows),
                 || format!("{shape:?}"),

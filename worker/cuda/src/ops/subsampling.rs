@@ -1,12 +1,12 @@
 //! The dw_striding subsampling convolutions (3x3, stride 2, padding 1), channels-last.
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
-use half::bf16;
 
 use super::{check_len, rows_for_grid, to_i32, to_i64};
 use crate::device::{elementwise_config, CudaEngine, BLOCK_THREADS};
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
+use crate::storage::Storage;
 
 /// Output length of one `kernel 3, stride 2, padding 1` convolution.
 pub fn stride2_out_len(n: usize) -> usize {
@@ -80,14 +80,14 @@ impl CudaEngine {
     /// First subsampling convolution (one input channel) with ReLU. `x` is `[batch, time, freq]`
     /// f32; frames `t >= lengths[b]` read as zero. `weight` is `[channels, 3*3]`, `bias`
     /// `[channels]`; `y` is `[batch, out_time, out_freq, channels]`.
-    pub fn subsample_conv0_relu(
+    pub fn subsample_conv0_relu<S: Storage>(
         &self,
         x: &CudaSlice<f32>,
         lengths: &CudaSlice<i32>,
         weight: &CudaSlice<f32>,
         bias: &CudaSlice<f32>,
         shape: Conv2dShape,
-        y: &mut CudaSlice<bf16>,
+        y: &mut CudaSlice<S>,
     ) -> Result<()> {
         const OP: &str = "subsample_conv0_relu";
         let dims = shape.kernel_args(OP)?;
@@ -101,7 +101,8 @@ impl CudaEngine {
         // int out_freq, bf16_t* y); every buffer was checked against these dimensions above, and
         // the grid covers exactly the output frames (threads past a frame's end return).
         unsafe {
-            self.launch(
+            self.launch_as(
+                S::KIND,
                 Kernel::SubsampleConv0Relu,
                 config,
                 || format!("{shape:?}"),
@@ -118,14 +119,14 @@ impl CudaEngine {
 
     /// Depthwise 3x3 stride-2 convolution of every channel (no activation). `x` is
     /// `[batch, time, freq, channels]`; frames `t >= lengths[b]` read as zero.
-    pub fn subsample_depthwise(
+    pub fn subsample_depthwise<S: Storage>(
         &self,
-        x: &CudaSlice<bf16>,
+        x: &CudaSlice<S>,
         lengths: &CudaSlice<i32>,
         weight: &CudaSlice<f32>,
         bias: &CudaSlice<f32>,
         shape: Conv2dShape,
-        y: &mut CudaSlice<bf16>,
+        y: &mut CudaSlice<S>,
     ) -> Result<()> {
         const OP: &str = "subsample_depthwise";
         let dims = shape.kernel_args(OP)?;
@@ -144,7 +145,8 @@ impl CudaEngine {
         // int out_freq, bf16_t* y); every buffer was checked against these dimensions above, and
         // the grid covers exactly the output frames (threads past a frame's end return).
         unsafe {
-            self.launch(
+            self.launch_as(
+                S::KIND,
                 Kernel::SubsampleDepthwise,
                 config,
                 || format!("{shape:?}"),
@@ -160,7 +162,7 @@ impl CudaEngine {
     }
 
     /// `x = max(x, 0)` over the first `n` elements, in place.
-    pub fn relu_inplace(&self, x: &mut CudaSlice<bf16>, n: usize) -> Result<()> {
+    pub fn relu_inplace<S: Storage>(&self, x: &mut CudaSlice<S>, n: usize) -> Result<()> {
         const OP: &str = "relu_inplace";
         check_len(OP, "x", x.len(), n)?;
         if n == 0 {
@@ -169,7 +171,8 @@ impl CudaEngine {
         let count = to_i64(OP, "n", n)?;
         // SAFETY: signature (bf16_t* x, long long n); x holds at least n elements.
         unsafe {
-            self.launch(
+            self.launch_as(
+                S::KIND,
                 Kernel::ReluInplace,
                 elementwise_config(n),
                 || format!("n={n}"),

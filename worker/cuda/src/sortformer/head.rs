@@ -24,11 +24,11 @@ const LAYER_NORM_EPS: f32 = 1e-5;
 
 struct TransformerLayer {
     /// query, key and value nets stacked: `[3d, d]`.
-    qkv: DeviceLinear,
-    out: DeviceLinear,
+    qkv: DeviceLinear<bf16>,
+    out: DeviceLinear<bf16>,
     layer_norm_1: DeviceLayerNorm,
-    dense_in: DeviceLinear,
-    dense_out: DeviceLinear,
+    dense_in: DeviceLinear<bf16>,
+    dense_out: DeviceLinear<bf16>,
     layer_norm_2: DeviceLayerNorm,
 }
 
@@ -80,9 +80,9 @@ impl TransformerLayer {
             rows,
             cols: shape.d_model(),
         };
-        engine.f32_to_bf16(&ws.x, &mut ws.normed)?;
+        engine.f32_to_storage(&ws.x, &mut ws.normed)?;
         self.qkv
-            .forward_bf16(engine, &ws.normed, rows, &mut ws.qkv)?;
+            .forward_storage(engine, &ws.normed, rows, &mut ws.qkv)?;
         // No positional biases: the split's bias inputs are zero, `q_v` is unused.
         engine.split_qkv_heads(
             &ws.qkv,
@@ -136,9 +136,9 @@ impl TransformerLayer {
             row_shape,
         )?;
 
-        engine.f32_to_bf16(&ws.x, &mut ws.normed)?;
+        engine.f32_to_storage(&ws.x, &mut ws.normed)?;
         self.dense_in
-            .forward_bf16(engine, &ws.normed, rows, &mut ws.hidden)?;
+            .forward_storage(engine, &ws.normed, rows, &mut ws.hidden)?;
         let hidden = ws.hidden.len();
         engine.relu_inplace(&mut ws.hidden, hidden)?;
         self.dense_out
@@ -219,10 +219,10 @@ struct HeadDims {
 /// Everything between the conformer output and the speaker logits, on one GPU.
 pub(crate) struct GpuSpeakerHead {
     dims: HeadDims,
-    encoder_proj: Option<DeviceLinear>,
+    encoder_proj: Option<DeviceLinear<bf16>>,
     layers: Vec<TransformerLayer>,
-    hidden_to_hidden: DeviceLinear,
-    hidden_to_speakers: DeviceLinear,
+    hidden_to_hidden: DeviceLinear<bf16>,
+    hidden_to_speakers: DeviceLinear<bf16>,
     /// `[hidden]` zeros: the positional biases the attention split takes.
     zero_bias: CudaSlice<f32>,
     workspace: Mutex<Option<HeadWorkspace>>,
@@ -324,7 +324,7 @@ impl GpuSpeakerHead {
             .expect("head workspace was just sized (bug)");
         match &self.encoder_proj {
             Some(proj) => {
-                engine.f32_to_bf16(&encoded.x, &mut ws.encoded)?;
+                engine.f32_to_storage(&encoded.x, &mut ws.encoded)?;
                 proj.forward_f32(engine, &ws.encoded, t, &mut ws.x)?;
             }
             None => engine
@@ -335,11 +335,11 @@ impl GpuSpeakerHead {
         for layer in &self.layers {
             layer.forward(engine, &self.zero_bias, ws)?;
         }
-        engine.f32_to_bf16(&ws.x, &mut ws.normed)?;
+        engine.f32_to_storage(&ws.x, &mut ws.normed)?;
         let n = ws.normed.len();
         engine.relu_inplace(&mut ws.normed, n)?;
         self.hidden_to_hidden
-            .forward_bf16(engine, &ws.normed, t, &mut ws.speaker_hidden)?;
+            .forward_storage(engine, &ws.normed, t, &mut ws.speaker_hidden)?;
         engine.relu_inplace(&mut ws.speaker_hidden, n)?;
         self.hidden_to_speakers
             .forward_f32(engine, &ws.speaker_hidden, t, &mut ws.logits)?;
