@@ -37,6 +37,14 @@ if has agreement; then
 OFFLINE_BATCH=16 REQUIRE_CUDA=1 $BIN/offline_bench --ignored --nocapture" \
     BATCHES=${BATCHES:-"4 16 64"} timeout 300 bash scripts/bench/token_agreement.sh 2>&1 \
     | grep -vE 'Warning' | tail -30
+  # Our f32 encoder on the same clips, then all four against PyTorch fp32.
+  A=$OUT/agree
+  OFFLINE_MODEL=$A/parakeet-calibrated.nemo OFFLINE_MANIFEST=$A/clips/manifest.jsonl \
+    OFFLINE_OUT=$A/engine_f32.jsonl OFFLINE_BATCH=16 OFFLINE_PRECISION=f32 REQUIRE_CUDA=1 \
+    timeout 120 "$BIN/offline_bench" --ignored --nocapture 2>&1 | grep RESULT
+  python3 scripts/bench/token_agreement.py "$A/pytorch_fp32.jsonl" "$A/pytorch_bf16.jsonl" \
+    "$A/engine.jsonl" "$A/engine_f32.jsonl" --names "PyTorch fp32,PyTorch bf16,ours bf16,ours f32" \
+    | tee "$A/agreement4.md"
 fi
 
 if has grid; then

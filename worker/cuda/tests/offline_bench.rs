@@ -4,7 +4,7 @@
 //!
 //! Ignored by default; on a GPU:
 //! `OFFLINE_MODEL=m.nemo OFFLINE_MANIFEST=clips.jsonl OFFLINE_OUT=ours.jsonl OFFLINE_BATCH=16
-//!  ./offline_bench --ignored --nocapture`.
+//!  [OFFLINE_PRECISION=bf16|f32] ./offline_bench --ignored --nocapture`.
 //! The manifest has one JSON object per line with at least `"path"` (16 kHz mono PCM16 WAV, as
 //! `scripts/bench/make_clips.py` writes). Clips are sorted by length and cut into batches of
 //! `OFFLINE_BATCH`; the wall time covers features, encoder and decoder of every batch (WAV
@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use common::{engine, read_wav};
-use cuda_engine::GpuParakeet;
+use cuda_engine::{EncoderPrecision, GpuParakeet};
 
 fn var(name: &str) -> Result<String> {
     std::env::var(name).with_context(|| format!("set {name}"))
@@ -59,7 +59,12 @@ fn offline_transcription() -> Result<()> {
     let audio_s: f64 = clips.iter().map(|c| c.len() as f64 / rate).sum();
     let longest_s = clips.iter().map(|c| c.len()).max().unwrap_or(0) as f64 / rate;
 
-    let model = GpuParakeet::load(&model_path, 0)?;
+    let precision = match std::env::var("OFFLINE_PRECISION").as_deref() {
+        Ok("f32") => EncoderPrecision::F32,
+        Ok("bf16") | Err(_) => EncoderPrecision::Bf16,
+        Ok(other) => anyhow::bail!("OFFLINE_PRECISION={other}: use bf16 or f32"),
+    };
+    let model = GpuParakeet::load_with(&model_path, 0, precision)?;
     model.warm_up(batch.min(clips.len()).max(1), longest_s.max(1.0))?;
 
     let mut order: Vec<usize> = (0..clips.len()).collect();
@@ -86,8 +91,8 @@ fn offline_transcription() -> Result<()> {
     }
     out.flush()?;
     println!(
-        "RESULT offline clips={} audio_s={audio_s:.1} batch={batch} wall_s={wall_s:.3} rtfx={:.0} \
-         tokens={}",
+        "RESULT offline encoder={precision:?} clips={} audio_s={audio_s:.1} batch={batch} \
+         wall_s={wall_s:.3} rtfx={:.0} tokens={}",
         clips.len(),
         audio_s / wall_s,
         tokens.iter().map(Vec::len).sum::<usize>()
