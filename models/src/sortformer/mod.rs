@@ -1,5 +1,7 @@
-//! Streaming Sortformer speaker diarization on the CPU (NVIDIA Streaming Sortformer 4spk v2 and
-//! any model of its family, every size read from the checkpoint config).
+//! Streaming Sortformer speaker diarization (NVIDIA Streaming Sortformer 4spk v2 and any model of
+//! its family, every size read from the checkpoint config). [`Sortformer`] is the streaming
+//! driver; its neural network is a [`SpeakerNetwork`]: the CPU f32 one here
+//! ([`SortformerModel`]), the GPU one in `cuda-engine`.
 //!
 //! Pipeline per chunk of `chunk_len` 80 ms frames: log-mel features of the chunk plus its
 //! left/right context → FastConformer subsampling (pre-encode) → `[spkcache; fifo; chunk]` →
