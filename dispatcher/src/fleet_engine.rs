@@ -1,14 +1,18 @@
 //! `--engine fleet`: transcription through supervised `worker` processes (per-GPU groups under
 //! CUDA MPS, or CPU workers) instead of the in-process model. The fleet's worker states join
-//! `/health` and its metrics join `/metrics`.
+//! `/health` and its metrics join `/metrics`. With a diarization model, the fleet also runs a
+//! Sortformer pool in every group and [`FleetDiarizer`] sends recordings there.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use models::speakers::SpeakerSegment;
 use models::transcript::Transcript;
 use worker_fleet::{Fleet, FleetError, FleetOptions, FleetTranscriber, WireErrorKind};
 
+use crate::config::Settings;
+use crate::diarizer::Diarizer;
 use crate::error::{DispatchError, Result};
 use crate::metrics::MetricsSource;
 use crate::transcriber::Transcriber;
@@ -42,6 +46,23 @@ pub struct EngineArgs {
 pub struct LoadedEngine {
     pub transcriber: Arc<dyn Transcriber>,
     pub metrics_source: Option<Arc<dyn MetricsSource>>,
+    /// Set by [`load_for`] when the settings name a diarization model.
+    pub diarizer: Option<Arc<dyn Diarizer>>,
+}
+
+/// The engine and diarizer for `settings`: with `--engine fleet` and a diarization model
+/// (`diar_model`), the fleet's diarization workers (unless `--diar-workers-per-gpu 0`);
+/// otherwise the in-process Sortformer. Either way the diarizer's model id is the same (the
+/// file name plus hash, or `diar_model_id`), so result keys do not depend on where it runs.
+pub fn load_for(args: &EngineArgs, settings: &Settings, model: &Path) -> Result<LoadedEngine> {
+    let model_id = settings.model_id.clone();
+    let diar = settings.diar_model.as_deref();
+    if args.engine == EngineChoice::Fleet && diar.is_some() && args.fleet.diar_workers_per_gpu > 0 {
+        return load_fleet(args, model, model_id, diar, settings.diar_model_id.clone());
+    }
+    let mut engine = load(args, model, model_id)?;
+    engine.diarizer = crate::app::load_diarizer(settings)?;
+    Ok(engine)
 }
 
 /// Loads the chosen engine. Result keys use the same model id either way (file name plus
@@ -51,18 +72,36 @@ pub fn load(args: &EngineArgs, model: &Path, model_id: Option<String>) -> Result
         return Ok(LoadedEngine {
             transcriber: crate::engine::load(model, model_id)?,
             metrics_source: None,
+            diarizer: None,
         });
     }
+    load_fleet(args, model, model_id, None, None)
+}
+
+/// The fleet, with a diarization pool when `diar_model` is given.
+fn load_fleet(
+    args: &EngineArgs,
+    model: &Path,
+    model_id: Option<String>,
+    diar_model: Option<&Path>,
+    diar_model_id: Option<String>,
+) -> Result<LoadedEngine> {
     let model_id = match model_id {
         Some(id) => id,
         None => crate::engine::model_id_for(model)?,
     };
+    let diar_model_id = match (diar_model, diar_model_id) {
+        (Some(_), Some(id)) => Some(id),
+        (Some(path), None) => Some(crate::engine::model_id_for(path)?),
+        (None, _) => None,
+    };
     let config = args
         .fleet
-        .to_config(&args.worker_engine, model)
+        .to_config_with_diarization(&args.worker_engine, model, diar_model)
         .map_err(|e| DispatchError::Config(e.to_string()))?;
     tracing::info!(groups = config.groups.len(), engine = %config.engine,
-        worker = %config.worker_binary.display(), "starting the worker fleet");
+        diarization = ?config.diarization, worker = %config.worker_binary.display(),
+        "starting the worker fleet");
     let fleet = Fleet::start(config).map_err(|e| DispatchError::Config(e.to_string()))?;
     let inner = FleetTranscriber::new(
         fleet,
@@ -71,10 +110,47 @@ pub fn load(args: &EngineArgs, model: &Path, model_id: Option<String>) -> Result
     )
     .map_err(|e| DispatchError::Config(format!("worker fleet: {e}")))?;
     let engine = Arc::new(FleetEngine { inner });
+    let diarizer = match diar_model_id {
+        Some(model_id) => {
+            engine
+                .fleet()
+                .wait_diarization_ready(Duration::from_secs(args.fleet_ready_timeout_s))
+                .map_err(|e| DispatchError::Config(format!("worker fleet diarization: {e}")))?;
+            let diarizer: Arc<dyn Diarizer> = Arc::new(FleetDiarizer {
+                engine: engine.clone(),
+                model_id,
+            });
+            Some(diarizer)
+        }
+        None => None,
+    };
     Ok(LoadedEngine {
         transcriber: engine.clone(),
         metrics_source: Some(engine),
+        diarizer,
     })
+}
+
+/// The fleet's diarization workers behind the dispatcher's [`Diarizer`]: each recording goes
+/// whole to the least-loaded one (re-sent if its worker or group restarts). Holds the fleet
+/// like the transcriber does.
+pub struct FleetDiarizer {
+    engine: Arc<FleetEngine>,
+    model_id: String,
+}
+
+impl Diarizer for FleetDiarizer {
+    fn model_id(&self) -> &str {
+        &self.model_id
+    }
+
+    fn diarize(&self, pcm_16k: &[f32]) -> Result<Vec<SpeakerSegment>> {
+        self.engine
+            .fleet()
+            .diarize(pcm_16k)
+            .map(|response| response.segments)
+            .map_err(classify)
+    }
 }
 
 /// [`FleetTranscriber`] behind the dispatcher's [`Transcriber`]. Dropping the last handle
@@ -144,6 +220,13 @@ impl MetricsSource for FleetEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The dispatcher shares diarizers across threads (`Arc<dyn Diarizer>`).
+    #[test]
+    fn fleet_diarizer_is_send_and_sync() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<FleetDiarizer>();
+    }
 
     #[test]
     fn poison_and_bad_segments_are_permanent_the_rest_infrastructure() {

@@ -1,5 +1,7 @@
 //! `--engine fleet`: the dispatcher's local mode through a 2-worker CPU fleet writes the same
-//! transcripts as the in-process engine, and the fleet joins `/health` and `/metrics`.
+//! transcripts as the in-process engine (with diarization: through the fleet's diarization
+//! workers, the same as the in-process Sortformer), and the fleet joins `/health` and
+//! `/metrics`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -124,6 +126,78 @@ fn local_mode_through_a_cpu_fleet_writes_the_in_process_transcripts() {
     assert_eq!(transcripts, clips * 5, "five formats per clip");
 }
 
+/// `local --diarize --engine fleet` with a diarization pool: the recordings are diarized by
+/// the fleet's Sortformer workers (the dispatcher never loads the model) and every output,
+/// RTTM and speaker-labelled formats included, is byte-identical to in-process diarization.
+#[test]
+fn local_diarization_through_the_fleet_equals_in_process() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inputs = dir.path().join("inputs");
+    std::fs::create_dir(&inputs).expect("mkdir");
+    let sortformer = fixtures().join("sortformer-tiny");
+    std::fs::copy(
+        sortformer.join("three_speakers.wav"),
+        inputs.join("three_speakers.wav"),
+    )
+    .expect("copy");
+    std::fs::copy(
+        fixtures().join("clips/espeak_us.wav"),
+        inputs.join("espeak_us.wav"),
+    )
+    .expect("copy");
+    let diar_model = sortformer.join("model.nemo");
+    let diar_model = diar_model.to_str().expect("utf-8 path");
+    let diarize = ["--diarize", "--diar-model", diar_model];
+    let (in_process, log) = run_local(&dir.path().join("a"), &inputs, &diarize);
+    assert!(log.contains("diarization model loaded"), "{log}");
+    let worker = worker_binary();
+    let runtime = dir.path().join("fleet-run");
+    let mut fleet_args = diarize.to_vec();
+    fleet_args.extend([
+        "--engine",
+        "fleet",
+        "--cpu-instances",
+        "1",
+        "--diar-workers-per-gpu",
+        "2",
+        "--worker-binary",
+        worker.to_str().expect("utf-8 path"),
+        "--runtime-dir",
+        runtime.to_str().expect("utf-8 path"),
+        "--inference-slots",
+        "2",
+    ]);
+    let (fleet, log) = run_local(&dir.path().join("b"), &inputs, &fleet_args);
+    assert!(!log.contains("diarization model loaded"), "{log}");
+    assert_eq!(log.matches("worker ready").count(), 3, "{log}");
+    let diarizers_ready = log
+        .lines()
+        .filter(|l| l.contains("worker ready") && l.contains("\"diarize\""))
+        .count();
+    assert_eq!(diarizers_ready, 2, "{log}");
+    let keys = |m: &BTreeMap<String, Vec<u8>>| m.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(keys(&fleet), keys(&in_process), "same result keys");
+    let mut rttms = 0;
+    for (key, bytes) in &in_process {
+        if key.ends_with("manifest.json") {
+            continue;
+        }
+        rttms += usize::from(key.ends_with(".rttm"));
+        assert_eq!(
+            String::from_utf8_lossy(&fleet[key]),
+            String::from_utf8_lossy(bytes),
+            "{key}"
+        );
+    }
+    assert_eq!(rttms, 2, "one RTTM per recording: {:?}", keys(&in_process));
+    let speakers = in_process
+        .iter()
+        .find(|(k, _)| k.contains("three_speakers") && k.ends_with(".rttm"))
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        .expect("an RTTM for three_speakers");
+    assert!(speakers.contains("SPEAKER"), "{speakers}");
+}
+
 #[test]
 fn the_fleet_joins_health_and_metrics() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -175,7 +249,9 @@ fn the_fleet_joins_health_and_metrics() {
             "{text}"
         );
         assert!(
-            text.contains("fleet_restarts_total{group=\"cpu\",task=\"transcribe\",cause=\"crashed\"} 0"),
+            text.contains(
+                "fleet_restarts_total{group=\"cpu\",task=\"transcribe\",cause=\"crashed\"} 0"
+            ),
             "{text}"
         );
         let health: serde_json::Value =

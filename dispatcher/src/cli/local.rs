@@ -74,9 +74,9 @@ pub(crate) async fn run(args: LocalArgs) -> anyhow::Result<()> {
         .model
         .clone()
         .context("--model (or MODEL, or `model` in the config file) is required to process jobs")?;
-    let engine = dispatcher::fleet_engine::load(&args.engine, &model, settings.model_id.clone())?;
+    let engine = dispatcher::fleet_engine::load_for(&args.engine, &settings, &model)?;
     let transcriber = engine.transcriber;
-    let diarizer = app::load_diarizer(&settings)?;
+    let diarizer = engine.diarizer;
     let metrics = MetricsRuntime::start(&settings, None).await?;
     if let Some(source) = engine.metrics_source {
         metrics.metrics.add_source(source);

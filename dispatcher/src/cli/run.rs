@@ -36,9 +36,9 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         .context("--queue-url is required")?;
     let model = settings.model.clone().context("--model is required")?;
     let aws = dispatcher::aws::load(None).await;
-    let engine = dispatcher::fleet_engine::load(&args.engine, &model, settings.model_id.clone())?;
+    let engine = dispatcher::fleet_engine::load_for(&args.engine, &settings, &model)?;
     let transcriber = engine.transcriber;
-    let diarizer = app::load_diarizer(&settings)?;
+    let diarizer = engine.diarizer;
     let sink: Option<Arc<dyn Sink>> = settings.cloudwatch_namespace.as_ref().map(|ns| {
         Arc::new(CloudWatchSink::new(
             dispatcher::aws::cloudwatch(&aws),

@@ -67,7 +67,8 @@ pub struct FleetOptions {
     #[arg(long, env = "FLEET_STARTUP_TIMEOUT_S", default_value_t = 300)]
     pub startup_timeout_s: u64,
     /// Sortformer diarization workers per GPU (in CPU mode: in the CPU group), when a
-    /// diarization model is given. Under MPS they are clients of the GPU's daemon.
+    /// diarization model is given. Under MPS they are clients of the GPU's daemon. 0: no
+    /// diarization pool (the dispatcher then diarizes in its own process).
     #[arg(long, env = "FLEET_DIAR_WORKERS_PER_GPU", default_value_t = 8)]
     pub diar_workers_per_gpu: usize,
     /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` of each diarization worker.
@@ -133,7 +134,8 @@ impl FleetOptions {
         config.request_timeout = Duration::from_secs(self.request_timeout_s);
         config.health_timeout = Duration::from_millis(self.health_timeout_ms);
         config.startup_timeout = Duration::from_secs(self.startup_timeout_s);
-        config.diarization = diar_model.map(|path| DiarizationPool {
+        let pool_model = diar_model.filter(|_| self.diar_workers_per_gpu > 0);
+        config.diarization = pool_model.map(|path| DiarizationPool {
             model: path.to_owned(),
             engine: self
                 .diar_engine
@@ -278,9 +280,10 @@ mod tests {
         assert_eq!(pool.mps_thread_percentage, 20);
         assert!(parse(&["--diar-mps-percentage", "0"]).is_err());
         let zero = parse(&["--cpu-instances", "1", "--diar-workers-per-gpu", "0"]).unwrap();
-        assert!(zero
+        let cfg = zero
             .to_config_with_diarization("cpu", Path::new("m"), Some(Path::new("s")))
-            .is_err());
+            .unwrap();
+        assert!(cfg.diarization.is_none(), "0 workers: no pool");
     }
 
     #[test]
