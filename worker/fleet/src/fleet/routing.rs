@@ -20,8 +20,20 @@ pub(super) fn dispatch(shared: &Shared, state: &mut State) {
     }
 }
 
+/// Recordings in flight on one diarization worker, at most: it runs one at a time, so one
+/// running and one ready to start keep it busy. The rest wait here, free to go to whichever
+/// worker frees first, and a worker's oldest request never waits behind a long queue inside
+/// it (which `request_timeout` would take for a stuck worker).
+const DIARIZE_MAX_OUTSTANDING: usize = 2;
+
 fn dispatch_task(shared: &Shared, state: &mut State, task: Task) {
-    let max = shared.config.max_outstanding_per_worker;
+    let max = match task {
+        Task::Transcribe => shared.config.max_outstanding_per_worker,
+        Task::Diarize => shared
+            .config
+            .max_outstanding_per_worker
+            .min(DIARIZE_MAX_OUTSTANDING),
+    };
     while let Some(&id) = state.waiting.of(task).front() {
         let target = state
             .slots
