@@ -168,3 +168,65 @@ fn supervisor_reports_restarts_serves_health_and_stops_on_sigterm() -> Result<()
     let _ = reader.join();
     result
 }
+
+/// `fleet --diar-model`: one diarization worker next to the transcription worker, announced
+/// with its task, counted in `/health` and labelled in `/metrics`.
+#[test]
+fn the_binary_runs_a_diarization_pool_beside_the_transcribers() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let sortformer = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../models/tests/fixtures/sortformer-tiny/model.nemo");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fleet"))
+        .args(["--engine", "cpu", "--cpu-instances", "1"])
+        .arg("--model")
+        .arg(model_path())
+        .arg("--diar-model")
+        .arg(sortformer)
+        .args(["--diar-workers-per-gpu", "1"])
+        .arg("--worker-binary")
+        .arg(worker_binary()?)
+        .arg("--runtime-dir")
+        .arg(dir.path())
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()?;
+    let stdout = child.stdout.take().context("stdout")?;
+    let (tx, events) = mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                let _ = tx.send(v);
+            }
+        }
+    });
+    let result = (|| -> Result<()> {
+        let listening = next_event(&events, Duration::from_secs(30), |e| is(e, "listening"))?;
+        let addr = listening["addr"].as_str().context("addr")?.to_owned();
+        let mut tasks = Vec::new();
+        for _ in 0..2 {
+            let ready = next_event(&events, Duration::from_secs(120), |e| is(e, "worker_ready"))?;
+            tasks.push(ready["task"].as_str().context("task")?.to_owned());
+        }
+        tasks.sort();
+        assert_eq!(tasks, ["diarize", "transcribe"]);
+        let (status, body) = http_get(&addr, "/health")?;
+        assert_eq!(status, 200, "{body}");
+        let health: Value = serde_json::from_str(&body)?;
+        assert_eq!(health["groups"][0]["ready"], 1, "{health}");
+        assert_eq!(health["groups"][0]["diarization_ready"], 1, "{health}");
+        let (_, metrics) = http_get(&addr, "/metrics")?;
+        assert!(
+            metrics.contains("fleet_worker_ready{group=\"cpu\",task=\"diarize\",slot=\"1\"} 1"),
+            "{metrics}"
+        );
+        signal(child.id(), Signal::TERM)?;
+        next_event(&events, Duration::from_secs(20), |e| is(e, "stopped"))?;
+        Ok(())
+    })();
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = reader.join();
+    result
+}
