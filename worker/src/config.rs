@@ -85,6 +85,10 @@ pub struct ServeArgs {
         default_value = "bf16"
     )]
     pub cuda_encoder_precision: CudaPrecisionArg,
+    /// Caps each of the CUDA encoder's two subsampling scratch buffers (MiB); larger batches
+    /// are subsampled in groups of utterances, saving GPU memory. 0: no cap.
+    #[arg(long, env = "WORKER_CUDA_SUBSAMPLING_SCRATCH_MIB", default_value_t = 0)]
+    pub cuda_subsampling_scratch_mib: usize,
     /// Batch sizes the batcher fills to (it runs the largest one reached at once).
     #[arg(
         long,
@@ -154,6 +158,10 @@ impl ServeArgs {
                 features: match self.cuda_features {
                     CudaFeaturesArg::Host => FeatureLocation::Host,
                     CudaFeaturesArg::Device => FeatureLocation::Device,
+                },
+                subsampling_scratch_bytes: match self.cuda_subsampling_scratch_mib {
+                    0 => None,
+                    mib => Some(mib << 20),
                 },
                 precision: match self.cuda_encoder_precision {
                     CudaPrecisionArg::Bf16 => EncoderPrecision::Bf16,

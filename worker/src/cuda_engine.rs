@@ -12,7 +12,8 @@ use crate::engine::{model_info, one_per_clip, Engine, EngineKind};
 use crate::error::WorkerError;
 
 /// The GPU, the batch envelope the decoder's CUDA graph is captured for (larger batches run
-/// eagerly), where features are computed and the encoder's storage type.
+/// eagerly), where features are computed, the encoder's storage type and its subsampling
+/// scratch cap (`None`: none).
 #[derive(Debug, Clone, Copy)]
 pub struct CudaSettings {
     pub device: usize,
@@ -20,6 +21,7 @@ pub struct CudaSettings {
     pub graph_max_seconds: f64,
     pub features: FeatureLocation,
     pub precision: EncoderPrecision,
+    pub subsampling_scratch_bytes: Option<usize>,
 }
 
 pub struct CudaEngine {
@@ -33,6 +35,9 @@ impl CudaEngine {
         let mut model = GpuParakeet::load_with(path, settings.device, settings.precision)
             .map_err(WorkerError::Cuda)?;
         model.set_feature_location(settings.features);
+        if let Some(bytes) = settings.subsampling_scratch_bytes {
+            model.set_subsampling_scratch_limit_bytes(bytes);
+        }
         let probe = model.engine().probe().map_err(WorkerError::Cuda)?;
         tracing::info!(device = %probe.summary(), "CUDA engine loaded");
         model

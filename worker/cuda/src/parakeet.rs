@@ -110,6 +110,12 @@ impl GpuParakeet {
         &self.vocabulary
     }
 
+    /// Caps the encoder's subsampling scratch buffers (see
+    /// [`GpuEncoder::set_subsampling_scratch_limit_bytes`]); call before `warm_up`.
+    pub fn set_subsampling_scratch_limit_bytes(&mut self, bytes: usize) {
+        with_encoder!(&mut self.encoder, e => e.set_subsampling_scratch_limit_bytes(bytes));
+    }
+
     pub fn encoder_precision(&self) -> EncoderPrecision {
         match self.encoder {
             Encoder::Bf16(_) => EncoderPrecision::Bf16,
