@@ -1,16 +1,17 @@
 //! The encoder's own kernels (subsampling convolutions, fp32-residual LayerNorms, attention head
 //! split/merge and the relative-shift softmax) against straightforward CPU references in f64
 //! over the exact device inputs, on fresh random inputs of several shapes (odd sizes and masked
-//! lengths included), outputs poisoned (NaN) before each launch.
+//! lengths included), outputs poisoned (NaN) before each launch; each for bf16 storage and for
+//! the f32-storage build.
 //!
 //! Without CUDA these tests print SKIPPED and pass, unless `REQUIRE_CUDA=1`.
 
 mod common;
 
-use common::{assert_close, engine, poisoned_bf16, to_f32, widen, Rng, BF16_ULP};
+use common::{assert_close, engine, for_each_storage, Rng, TestStorage};
 use cuda_engine::{
-    bf16, stride2_out_len, Conv2dShape, HeadShape, LayerNormWeights, QkvHeads, ResidualF32,
-    RowShape,
+    bf16, stride2_out_len, Conv2dShape, CudaEngine, HeadShape, LayerNormWeights, QkvHeads,
+    ResidualF32, RowShape,
 };
 
 /// Reference 3x3 stride-2 convolution of one channel plane, input frames `>= valid` as zero.
@@ -44,7 +45,11 @@ fn subsampling_convolutions_match_reference_with_length_masking() {
     let Some(engine) = engine("subsampling_convs") else {
         return;
     };
-    let mut rng = Rng::fresh("subsampling_convs");
+    for_each_storage(&engine, subsampling_case::<bf16>, subsampling_case::<f32>);
+}
+
+fn subsampling_case<S: TestStorage>(engine: &CudaEngine) {
+    let mut rng = Rng::fresh(&format!("subsampling_convs {}", S::NAME));
     let cases = [
         (
             Conv2dShape {
@@ -100,14 +105,14 @@ fn subsampling_convolutions_match_reference_with_length_masking() {
         );
         let w64: Vec<f64> = w_host.iter().map(|v| f64::from(*v)).collect();
 
-        // First convolution: f32 input [batch, time, freq], ReLU, bf16 output.
+        // First convolution: f32 input [batch, time, freq], ReLU, storage-type output.
         let x_host = rng.f32_vec(batch * time * freq, 0.5, 2.0);
         let x = engine.upload(&x_host).expect("x");
-        let mut y = poisoned_bf16(&engine, shape.out_elements());
+        let mut y = S::poisoned(engine, shape.out_elements());
         engine
             .subsample_conv0_relu(&x, &lengths, &w, &b, shape, &mut y)
             .expect("conv0");
-        let got = to_f32(&engine.download(&y).expect("download"));
+        let got = S::to_f32(&engine.download(&y).expect("download"));
         let (mut want, mut mags) = (Vec::new(), Vec::new());
         for bi in 0..batch {
             let valid = lengths_host[bi].max(0) as usize;
@@ -133,18 +138,18 @@ fn subsampling_convolutions_match_reference_with_length_masking() {
             &format!("subsample_conv0_relu {shape:?}"),
             &got,
             &want,
-            |i| BF16_ULP * want[i].abs() + 1e-6 * mags[i] + 1e-7,
+            |i| S::ULP * want[i].abs() + 1e-6 * mags[i] + 1e-7,
         );
 
-        // Depthwise stage: bf16 input [batch, time, freq, channels].
-        let xd_host = rng.bf16_vec(batch * time * freq * channels, 0.0, 1.5);
+        // Depthwise stage: storage-type input [batch, time, freq, channels].
+        let xd_host = S::random(&mut rng, batch * time * freq * channels, 0.0, 1.5);
         let xd = engine.upload(&xd_host).expect("xd");
-        let xd64 = widen(&xd_host);
-        let mut yd = poisoned_bf16(&engine, shape.out_elements());
+        let xd64 = S::widen(&xd_host);
+        let mut yd = S::poisoned(engine, shape.out_elements());
         engine
             .subsample_depthwise(&xd, &lengths, &w, &b, shape, &mut yd)
             .expect("depthwise");
-        let got = to_f32(&engine.download(&yd).expect("download"));
+        let got = S::to_f32(&engine.download(&yd).expect("download"));
         let (mut want, mut mags) = (Vec::new(), Vec::new());
         for bi in 0..batch {
             let valid = lengths_host[bi].max(0) as usize;
@@ -171,7 +176,7 @@ fn subsampling_convolutions_match_reference_with_length_masking() {
             &format!("subsample_depthwise {shape:?}"),
             &got,
             &want,
-            |i| BF16_ULP * want[i].abs() + 1e-6 * mags[i] + 1e-7,
+            |i| S::ULP * want[i].abs() + 1e-6 * mags[i] + 1e-7,
         );
     }
 }
@@ -181,23 +186,23 @@ fn relu_inplace_clamps_exactly_the_first_n() {
     let Some(engine) = engine("relu_inplace") else {
         return;
     };
-    let mut rng = Rng::fresh("relu_inplace");
+    for_each_storage(&engine, relu_case::<bf16>, relu_case::<f32>);
+}
+
+fn relu_case<S: TestStorage>(engine: &CudaEngine) {
+    let mut rng = Rng::fresh(&format!("relu_inplace {}", S::NAME));
     for n in [1usize, 257, 100_003] {
-        let host = rng.bf16_vec(n + 5, 0.0, 3.0);
+        let host = S::random(&mut rng, n + 5, 0.0, 3.0);
         let mut x = engine.upload(&host).expect("upload");
         engine.relu_inplace(&mut x, n).expect("relu");
-        let got = engine.download(&x).expect("download");
+        let got = S::to_f32(&engine.download(&x).expect("download"));
         let wrong = got
             .iter()
-            .zip(&host)
+            .zip(S::to_f32(&host))
             .enumerate()
             .filter(|(i, (g, h))| {
-                let want = if *i < n {
-                    h.to_f32().max(0.0)
-                } else {
-                    h.to_f32()
-                };
-                g.to_f32().to_bits() != want.to_bits()
+                let want = if *i < n { h.max(0.0) } else { *h };
+                g.to_bits() != want.to_bits()
             })
             .count();
         eprintln!("RESULT relu_inplace n={n}: mismatches={wrong}");
@@ -221,7 +226,15 @@ fn residual_layer_norms_match_reference() {
     let Some(engine) = engine("residual_layer_norms") else {
         return;
     };
-    let mut rng = Rng::fresh("residual_layer_norms");
+    for_each_storage(
+        &engine,
+        residual_norm_case::<bf16>,
+        residual_norm_case::<f32>,
+    );
+}
+
+fn residual_norm_case<S: TestStorage>(engine: &CudaEngine) {
+    let mut rng = Rng::fresh(&format!("residual_layer_norms {}", S::NAME));
     for shape in [
         RowShape { rows: 1, cols: 1 },
         RowShape { rows: 7, cols: 64 },
@@ -264,19 +277,19 @@ fn residual_layer_norms_match_reference() {
 
         // y = LN(x), x untouched.
         let x = engine.upload(&x_host).expect("x");
-        let mut y = poisoned_bf16(&engine, n);
+        let mut y = S::poisoned(engine, n);
         engine
             .layer_norm_f32(&x, &weights, shape, &mut y)
             .expect("ln");
         let want = normed(&x64);
-        let got = to_f32(&engine.download(&y).expect("y"));
+        let got = S::to_f32(&engine.download(&y).expect("y"));
         assert_close(&format!("layer_norm_f32 {shape:?}"), &got, &want, |i| {
-            BF16_ULP * want[i].abs() + 1e-4
+            S::ULP * want[i].abs() + 1e-4
         });
 
         // x += alpha h; y = LN(x).
         let mut x = engine.upload(&x_host).expect("x");
-        let mut y = poisoned_bf16(&engine, n);
+        let mut y = S::poisoned(engine, n);
         engine
             .add_layer_norm_f32(
                 &mut x,
@@ -287,12 +300,12 @@ fn residual_layer_norms_match_reference() {
             )
             .expect("add_ln");
         let want = normed(&sum);
-        let got = to_f32(&engine.download(&y).expect("y"));
+        let got = S::to_f32(&engine.download(&y).expect("y"));
         assert_close(
             &format!("add_layer_norm_f32 y {shape:?}"),
             &got,
             &want,
-            |i| BF16_ULP * want[i].abs() + 1e-4,
+            |i| S::ULP * want[i].abs() + 1e-4,
         );
         let got = engine.download(&x).expect("x");
         assert_close(
@@ -322,7 +335,11 @@ fn head_split_and_merge_move_every_element() {
     let Some(engine) = engine("head_split_merge") else {
         return;
     };
-    let mut rng = Rng::fresh("head_split_merge");
+    for_each_storage(&engine, head_split_case::<bf16>, head_split_case::<f32>);
+}
+
+fn head_split_case<S: TestStorage>(engine: &CudaEngine) {
+    let mut rng = Rng::fresh(&format!("head_split_merge {}", S::NAME));
     for shape in [
         HeadShape {
             batch: 1,
@@ -351,7 +368,7 @@ fn head_split_and_merge_move_every_element() {
         } = shape;
         let d = shape.d_model();
         let n = shape.elements();
-        let qkv_host = rng.bf16_vec(3 * n, 0.0, 1.0);
+        let qkv_host = S::random(&mut rng, 3 * n, 0.0, 1.0);
         let u_host = rng.f32_vec(d, 0.0, 0.5);
         let v_host = rng.f32_vec(d, 0.0, 0.5);
         let qkv = engine.upload(&qkv_host).expect("qkv");
@@ -359,17 +376,18 @@ fn head_split_and_merge_move_every_element() {
             engine.upload(&u_host).expect("u"),
             engine.upload(&v_host).expect("v"),
         );
-        let mut outs: Vec<_> = (0..4).map(|_| poisoned_bf16(&engine, n)).collect();
+        let mut outs: Vec<_> = (0..4).map(|_| S::poisoned(engine, n)).collect();
         let [q_u, q_v, k, vv] = outs.as_mut_slice() else {
             unreachable!()
         };
         engine
             .split_qkv_heads(&qkv, &u, &v, shape, QkvHeads { q_u, q_v, k, v: vv })
             .expect("split");
-        let got: Vec<Vec<bf16>> = outs
+        let got: Vec<Vec<f32>> = outs
             .iter()
-            .map(|o| engine.download(o).expect("dl"))
+            .map(|o| S::to_f32(&engine.download(o).expect("dl")))
             .collect();
+        let qkv_wide = S::to_f32(&qkv_host);
         let mut wrong = 0;
         for b in 0..batch {
             for t in 0..time {
@@ -377,11 +395,11 @@ fn head_split_and_merge_move_every_element() {
                     for e in 0..head_dim {
                         let dst = ((h * batch + b) * time + t) * head_dim + e;
                         let col = h * head_dim + e;
-                        let row = &qkv_host[(b * time + t) * 3 * d..];
-                        let q = row[col].to_f32();
+                        let row = &qkv_wide[(b * time + t) * 3 * d..];
+                        let q = row[col];
                         let want = [
-                            bf16::from_f32(q + u_host[col]),
-                            bf16::from_f32(q + v_host[col]),
+                            S::to_f32(&[S::from_f32(q + u_host[col])])[0],
+                            S::to_f32(&[S::from_f32(q + v_host[col])])[0],
                             row[d + col],
                             row[2 * d + col],
                         ];
@@ -394,34 +412,35 @@ fn head_split_and_merge_move_every_element() {
         }
 
         let positions = shape.positions();
-        let p_host = rng.bf16_vec(positions * d, 0.0, 1.0);
+        let p_host = S::random(&mut rng, positions * d, 0.0, 1.0);
         let p = engine.upload(&p_host).expect("p");
-        let mut p_heads = poisoned_bf16(&engine, batch * positions * d);
+        let mut p_heads = S::poisoned(engine, batch * positions * d);
         engine
             .split_pos_heads(&p, shape, positions, &mut p_heads)
             .expect("split_pos");
-        let got_p = engine.download(&p_heads).expect("dl");
+        let got_p = S::to_f32(&engine.download(&p_heads).expect("dl"));
+        let p_wide = S::to_f32(&p_host);
         for h in 0..heads {
             for b in 0..batch {
                 for pos in 0..positions {
                     for e in 0..head_dim {
                         let dst = ((h * batch + b) * positions + pos) * head_dim + e;
                         let src = pos * d + h * head_dim + e;
-                        wrong += usize::from(got_p[dst].to_bits() != p_host[src].to_bits());
+                        wrong += usize::from(got_p[dst].to_bits() != p_wide[src].to_bits());
                     }
                 }
             }
         }
 
         // merge(split(v)) is the identity on the v block of qkv.
-        let mut merged = poisoned_bf16(&engine, n);
+        let mut merged = S::poisoned(engine, n);
         engine
             .merge_heads(&outs[3], shape, &mut merged)
             .expect("merge");
-        let got_m = engine.download(&merged).expect("dl");
+        let got_m = S::to_f32(&engine.download(&merged).expect("dl"));
         for bt in 0..batch * time {
             for col in 0..d {
-                let want = qkv_host[bt * 3 * d + 2 * d + col];
+                let want = qkv_wide[bt * 3 * d + 2 * d + col];
                 wrong += usize::from(got_m[bt * d + col].to_bits() != want.to_bits());
             }
         }
@@ -435,7 +454,11 @@ fn rel_pos_softmax_matches_reference_with_relative_shift_and_masks() {
     let Some(engine) = engine("rel_pos_softmax") else {
         return;
     };
-    let mut rng = Rng::fresh("rel_pos_softmax");
+    for_each_storage(&engine, rel_pos_case::<bf16>, rel_pos_case::<f32>);
+}
+
+fn rel_pos_case<S: TestStorage>(engine: &CudaEngine) {
+    let mut rng = Rng::fresh(&format!("rel_pos_softmax {}", S::NAME));
     let cases = [
         (
             HeadShape {
@@ -486,11 +509,11 @@ fn rel_pos_softmax_matches_reference_with_relative_shift_and_masks() {
         let ac = engine.upload(&ac_host).expect("ac");
         let bd = engine.upload(&bd_host).expect("bd");
         let lengths = engine.upload(&lengths_host).expect("lengths");
-        let mut probs = poisoned_bf16(&engine, rows * time);
+        let mut probs = S::poisoned(engine, rows * time);
         engine
             .rel_pos_softmax(&ac, &bd, &lengths, scale, shape, &mut probs)
             .expect("softmax");
-        let got = to_f32(&engine.download(&probs).expect("dl"));
+        let got = S::to_f32(&engine.download(&probs).expect("dl"));
         let mut want = vec![0.0f64; rows * time];
         for row in 0..rows {
             let (i, b) = (row % time, (row / time) % batch);
@@ -517,7 +540,7 @@ fn rel_pos_softmax_matches_reference_with_relative_shift_and_masks() {
             if want[i] == 0.0 {
                 0.0
             } else {
-                BF16_ULP * want[i] + 1e-7
+                S::ULP * want[i] + 1e-7
             }
         });
     }
@@ -541,7 +564,15 @@ fn local_rel_pos_softmax_matches_reference_inside_the_band_and_zeroes_outside() 
     let Some(engine) = engine("local_rel_pos_softmax") else {
         return;
     };
-    let mut rng = Rng::fresh("local_rel_pos_softmax");
+    for_each_storage(
+        &engine,
+        local_rel_pos_case::<bf16>,
+        local_rel_pos_case::<f32>,
+    );
+}
+
+fn local_rel_pos_case<S: TestStorage>(engine: &CudaEngine) {
+    let mut rng = Rng::fresh(&format!("local_rel_pos_softmax {}", S::NAME));
     let cases = [
         (
             HeadShape {
@@ -606,11 +637,11 @@ fn local_rel_pos_softmax_matches_reference_inside_the_band_and_zeroes_outside() 
         let ac = engine.upload(&ac_host).expect("ac");
         let bd = engine.upload(&bd_host).expect("bd");
         let lengths = engine.upload(&lengths_host).expect("lengths");
-        let mut probs = poisoned_bf16(&engine, rows * time);
+        let mut probs = S::poisoned(engine, rows * time);
         engine
             .local_rel_pos_softmax(&ac, &bd, &lengths, scale, shape, (left, right), &mut probs)
             .expect("softmax");
-        let got = to_f32(&engine.download(&probs).expect("dl"));
+        let got = S::to_f32(&engine.download(&probs).expect("dl"));
         let mut want = vec![0.0f64; rows * time];
         for row in 0..rows {
             let (i, b) = (row % time, (row / time) % batch);
@@ -640,7 +671,7 @@ fn local_rel_pos_softmax_matches_reference_inside_the_band_and_zeroes_outside() 
                 if want[i] == 0.0 {
                     0.0
                 } else {
-                    BF16_ULP * want[i] + 1e-7
+                    S::ULP * want[i] + 1e-7
                 }
             },
         );

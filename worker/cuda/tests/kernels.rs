@@ -8,16 +8,20 @@
 //!   accumulation over k terms in any order, far below the error of a wrong index; bf16 output
 //!   with bias also allows `|a.b| / 256` (cuBLASLt rounds the product before the bias add).
 //!
+//! The storage-dependent kernels run twice: bf16 storage, then the f32-storage build (tolerance
+//! `TestStorage::ULP`: one bf16 ulp, or a few f32 ulps for the kernels' own f32 arithmetic).
+//!
 //! Without CUDA these tests print SKIPPED and pass, unless `REQUIRE_CUDA=1`.
 
 mod common;
 
 use common::{
-    assert_close, check_close, engine, poisoned_bf16, poisoned_f32, to_f32, widen, Rng, BF16_ULP,
+    assert_close, check_close, engine, for_each_storage, poisoned_bf16, poisoned_f32, to_f32,
+    widen, Rng, TestStorage, BF16_ULP,
 };
 use cuda_engine::{
-    bf16, fold_batch_norm, AttentionShape, BLayout, BatchNorm, CudaEngineError, DepthwiseShape,
-    LayerNormWeights, MatmulSpec, Residual, RowShape,
+    bf16, fold_batch_norm, AttentionShape, BLayout, BatchNorm, CudaEngine, CudaEngineError,
+    DepthwiseShape, LayerNormWeights, MatmulSpec, Residual, RowShape,
 };
 
 fn sigmoid(v: f64) -> f64 {
@@ -103,32 +107,44 @@ fn bf16_to_f32_is_exact_for_every_bit_pattern() {
 
 #[test]
 fn silu_matches_reference() {
-    let Some(engine) = engine("silu") else { return };
-    let mut rng = Rng::fresh("silu");
+    let Some(engine) = engine("silu") else {
+        return;
+    };
+    for_each_storage(&engine, silu_case::<bf16>, silu_case::<f32>);
+}
+
+fn silu_case<S: TestStorage>(engine: &CudaEngine) {
+    let mut rng = Rng::fresh(&format!("silu {}", S::NAME));
     for n in [1usize, 33, 4097, 300_001] {
-        let host = rng.bf16_vec(n, 0.0, 4.0);
+        let host = S::random(&mut rng, n, 0.0, 4.0);
         let x = engine.upload(&host).expect("upload");
-        let mut y = poisoned_bf16(&engine, n);
+        let mut y = S::poisoned(engine, n);
         engine.silu(&x, &mut y).expect("launch");
-        let got = to_f32(&engine.download(&y).expect("download"));
-        let want: Vec<f64> = widen(&host).iter().map(|&v| v * sigmoid(v)).collect();
+        let got = S::to_f32(&engine.download(&y).expect("download"));
+        let want: Vec<f64> = S::widen(&host).iter().map(|&v| v * sigmoid(v)).collect();
         assert_close(&format!("silu n={n}"), &got, &want, |i| {
-            BF16_ULP * want[i].abs() + 1e-6
+            S::ULP * want[i].abs() + 1e-6
         });
     }
 }
 
 #[test]
 fn glu_matches_reference() {
-    let Some(engine) = engine("glu") else { return };
-    let mut rng = Rng::fresh("glu");
+    let Some(engine) = engine("glu") else {
+        return;
+    };
+    for_each_storage(&engine, glu_case::<bf16>, glu_case::<f32>);
+}
+
+fn glu_case<S: TestStorage>(engine: &CudaEngine) {
+    let mut rng = Rng::fresh(&format!("glu {}", S::NAME));
     for (rows, half) in [(1usize, 1usize), (7, 33), (130, 257), (64, 512)] {
-        let host = rng.bf16_vec(rows * 2 * half, 0.0, 3.0);
+        let host = S::random(&mut rng, rows * 2 * half, 0.0, 3.0);
         let x = engine.upload(&host).expect("upload");
-        let mut y = poisoned_bf16(&engine, rows * half);
+        let mut y = S::poisoned(engine, rows * half);
         engine.glu(&x, rows, half, &mut y).expect("launch");
-        let got = to_f32(&engine.download(&y).expect("download"));
-        let wide = widen(&host);
+        let got = S::to_f32(&engine.download(&y).expect("download"));
+        let wide = S::widen(&host);
         let want: Vec<f64> = (0..rows * half)
             .map(|i| {
                 let (r, c) = (i / half, i % half);
@@ -136,7 +152,7 @@ fn glu_matches_reference() {
             })
             .collect();
         assert_close(&format!("glu rows={rows} half={half}"), &got, &want, |i| {
-            BF16_ULP * want[i].abs() + 1e-6
+            S::ULP * want[i].abs() + 1e-6
         });
     }
 }
@@ -160,11 +176,15 @@ fn layer_norm_matches_reference() {
     let Some(engine) = engine("layer_norm") else {
         return;
     };
-    let mut rng = Rng::fresh("layer_norm");
+    for_each_storage(&engine, layer_norm_case::<bf16>, layer_norm_case::<f32>);
+}
+
+fn layer_norm_case<S: TestStorage>(engine: &CudaEngine) {
+    let mut rng = Rng::fresh(&format!("layer_norm {}", S::NAME));
     let eps = 1e-5f32;
     for (rows, cols) in LAYER_NORM_SHAPES {
         // A mean offset of 3 makes a one-pass variance or a missing mean subtraction visible.
-        let host = rng.bf16_vec(rows * cols, 3.0, 2.0);
+        let host = S::random(&mut rng, rows * cols, 3.0, 2.0);
         let gamma_host = rng.f32_vec(cols, 1.0, 0.2);
         let beta_host = rng.f32_vec(cols, 0.0, 0.2);
         let x = engine.upload(&host).expect("upload");
@@ -175,12 +195,12 @@ fn layer_norm_matches_reference() {
             beta: &beta,
             eps,
         };
-        let mut y = poisoned_bf16(&engine, rows * cols);
+        let mut y = S::poisoned(engine, rows * cols);
         engine
             .layer_norm(&x, &weights, RowShape { rows, cols }, &mut y)
             .expect("launch");
-        let got = to_f32(&engine.download(&y).expect("download"));
-        let wide = widen(&host);
+        let got = S::to_f32(&engine.download(&y).expect("download"));
+        let wide = S::widen(&host);
         let want: Vec<f64> = wide
             .chunks(cols)
             .flat_map(|row| layer_norm_ref(row, &gamma_host, &beta_host, f64::from(eps)))
@@ -189,7 +209,7 @@ fn layer_norm_matches_reference() {
             &format!("layer_norm rows={rows} cols={cols}"),
             &got,
             &want,
-            |i| BF16_ULP * want[i].abs() + 1e-4,
+            |i| S::ULP * want[i].abs() + 1e-4,
         );
     }
 }
@@ -199,12 +219,20 @@ fn add_layer_norm_matches_reference_and_writes_the_sum() {
     let Some(engine) = engine("add_layer_norm") else {
         return;
     };
-    let mut rng = Rng::fresh("add_layer_norm");
+    for_each_storage(
+        &engine,
+        add_layer_norm_case::<bf16>,
+        add_layer_norm_case::<f32>,
+    );
+}
+
+fn add_layer_norm_case<S: TestStorage>(engine: &CudaEngine) {
+    let mut rng = Rng::fresh(&format!("add_layer_norm {}", S::NAME));
     let eps = 1e-5f32;
     for (rows, cols) in LAYER_NORM_SHAPES {
         let alpha = 0.5f32;
-        let x_host = rng.bf16_vec(rows * cols, 3.0, 2.0);
-        let r_host = rng.bf16_vec(rows * cols, -1.0, 3.0);
+        let x_host = S::random(&mut rng, rows * cols, 3.0, 2.0);
+        let r_host = S::random(&mut rng, rows * cols, -1.0, 3.0);
         let gamma_host = rng.f32_vec(cols, 1.0, 0.2);
         let beta_host = rng.f32_vec(cols, 0.0, 0.2);
         let x = engine.upload(&x_host).expect("upload");
@@ -216,8 +244,8 @@ fn add_layer_norm_matches_reference_and_writes_the_sum() {
             beta: &beta,
             eps,
         };
-        let mut sum = poisoned_bf16(&engine, rows * cols);
-        let mut y = poisoned_bf16(&engine, rows * cols);
+        let mut sum = S::poisoned(engine, rows * cols);
+        let mut y = S::poisoned(engine, rows * cols);
         engine
             .add_layer_norm(
                 &x,
@@ -228,11 +256,11 @@ fn add_layer_norm_matches_reference_and_writes_the_sum() {
                 &mut y,
             )
             .expect("launch");
-        let got_sum = to_f32(&engine.download(&sum).expect("download"));
-        let got_y = to_f32(&engine.download(&y).expect("download"));
-        let want_sum: Vec<f64> = widen(&x_host)
+        let got_sum = S::to_f32(&engine.download(&sum).expect("download"));
+        let got_y = S::to_f32(&engine.download(&y).expect("download"));
+        let want_sum: Vec<f64> = S::widen(&x_host)
             .iter()
-            .zip(widen(&r_host))
+            .zip(S::widen(&r_host))
             .map(|(x, r)| x + f64::from(alpha) * r)
             .collect();
         let want_y: Vec<f64> = want_sum
@@ -244,10 +272,10 @@ fn add_layer_norm_matches_reference_and_writes_the_sum() {
             &format!("add_layer_norm sum {label}"),
             &got_sum,
             &want_sum,
-            |i| BF16_ULP * want_sum[i].abs() + 1e-6,
+            |i| S::ULP * want_sum[i].abs() + 1e-6,
         );
         assert_close(&format!("add_layer_norm y {label}"), &got_y, &want_y, |i| {
-            BF16_ULP * want_y[i].abs() + 1e-4
+            S::ULP * want_y[i].abs() + 1e-4
         });
     }
 }
@@ -257,7 +285,15 @@ fn masked_softmax_matches_reference_and_zeroes_masked_positions() {
     let Some(engine) = engine("masked_softmax") else {
         return;
     };
-    let mut rng = Rng::fresh("masked_softmax");
+    for_each_storage(
+        &engine,
+        masked_softmax_case::<bf16>,
+        masked_softmax_case::<f32>,
+    );
+}
+
+fn masked_softmax_case<S: TestStorage>(engine: &CudaEngine) {
+    let mut rng = Rng::fresh(&format!("masked_softmax {}", S::NAME));
     let cases: [(AttentionShape, Vec<i32>); 5] = [
         (
             AttentionShape {
@@ -317,11 +353,11 @@ fn masked_softmax_matches_reference_and_zeroes_masked_positions() {
         let scores_host = rng.f32_vec(n, 0.0, 8.0);
         let scores = engine.upload(&scores_host).expect("upload");
         let lengths = engine.upload(&lengths_host).expect("upload");
-        let mut probs = poisoned_bf16(&engine, n);
+        let mut probs = S::poisoned(engine, n);
         engine
             .masked_softmax(&scores, &lengths, scale, shape, &mut probs)
             .expect("launch");
-        let got = to_f32(&engine.download(&probs).expect("download"));
+        let got = S::to_f32(&engine.download(&probs).expect("download"));
         let mut want = vec![0.0f64; n];
         for (row, out) in want.chunks_mut(tk).enumerate() {
             let q = row % tq;
@@ -351,7 +387,7 @@ fn masked_softmax_matches_reference_and_zeroes_masked_positions() {
                 if want[i] == 0.0 {
                     0.0
                 } else {
-                    BF16_ULP * want[i] + 1e-7
+                    S::ULP * want[i] + 1e-7
                 }
             },
         );
@@ -363,7 +399,11 @@ fn depthwise_conv_with_folded_batch_norm_matches_conv_then_batch_norm() {
     let Some(engine) = engine("depthwise_conv1d") else {
         return;
     };
-    let mut rng = Rng::fresh("depthwise_conv1d");
+    for_each_storage(&engine, depthwise_case::<bf16>, depthwise_case::<f32>);
+}
+
+fn depthwise_case<S: TestStorage>(engine: &CudaEngine) {
+    let mut rng = Rng::fresh(&format!("depthwise_conv1d {}", S::NAME));
     let cases: [(DepthwiseShape, Vec<i32>, bool); 5] = [
         (
             DepthwiseShape {
@@ -423,7 +463,7 @@ fn depthwise_conv_with_folded_batch_norm_matches_conv_then_batch_norm() {
             channels,
             kernel,
         } = shape;
-        let x_host = rng.bf16_vec(batch * time * channels, 0.0, 1.0);
+        let x_host = S::random(&mut rng, batch * time * channels, 0.0, 1.0);
         let weight = rng.f32_vec(channels * kernel, 0.0, 0.3);
         let conv_bias = rng.f32_vec(channels, 0.0, 0.1);
         let gamma = rng.f32_vec(channels, 1.0, 0.2);
@@ -445,15 +485,15 @@ fn depthwise_conv_with_folded_batch_norm_matches_conv_then_batch_norm() {
         let w = engine.upload(&folded.weight).expect("upload");
         let b = engine.upload(&folded.bias).expect("upload");
         let lengths = engine.upload(&lengths_host).expect("upload");
-        let mut y = poisoned_bf16(&engine, x_host.len());
+        let mut y = S::poisoned(engine, x_host.len());
         engine
             .depthwise_conv1d(&x, &w, &b, &lengths, shape, apply_silu, &mut y)
             .expect("launch");
-        let got = to_f32(&engine.download(&y).expect("download"));
+        let got = S::to_f32(&engine.download(&y).expect("download"));
 
         // Reference: mask padding, convolve with the unfolded weights, BatchNorm, optional SiLU;
         // padding frames of the output are zero.
-        let wide = widen(&x_host);
+        let wide = S::widen(&x_host);
         let pad = (kernel - 1) / 2;
         let mut want = vec![0.0f64; wide.len()];
         let mut magnitude = vec![0.0f64; wide.len()];
@@ -493,7 +533,7 @@ fn depthwise_conv_with_folded_batch_norm_matches_conv_then_batch_norm() {
                 if magnitude[i] == 0.0 {
                     0.0 // padding frame: must be exactly zero
                 } else {
-                    BF16_ULP * want[i].abs() + 1e-5 * magnitude[i] + 1e-6
+                    S::ULP * want[i].abs() + 1e-5 * magnitude[i] + 1e-6
                 }
             },
         );

@@ -103,6 +103,66 @@ impl Rng {
     }
 }
 
+/// A storage type under test (see `cuda_engine::Storage`): how to make, read and poison its
+/// buffers, and the relative error its rounding allows.
+pub trait TestStorage: cuda_engine::Storage + std::fmt::Debug {
+    const NAME: &'static str;
+    /// bf16: one ulp (its rounding dominates). f32: a few ulps, for the kernels' own f32
+    /// arithmetic (`expf`, division, accumulation order), still far below any indexing error.
+    const ULP: f64;
+    fn random(rng: &mut Rng, n: usize, mean: f64, std: f64) -> Vec<Self>;
+    fn widen(values: &[Self]) -> Vec<f64>;
+    fn to_f32(values: &[Self]) -> Vec<f32>;
+    fn poisoned(engine: &CudaEngine, n: usize) -> CudaSlice<Self>;
+}
+
+impl TestStorage for bf16 {
+    const NAME: &'static str = "bf16";
+    const ULP: f64 = BF16_ULP;
+    fn random(rng: &mut Rng, n: usize, mean: f64, std: f64) -> Vec<Self> {
+        rng.bf16_vec(n, mean, std)
+    }
+    fn widen(values: &[Self]) -> Vec<f64> {
+        widen(values)
+    }
+    fn to_f32(values: &[Self]) -> Vec<f32> {
+        to_f32(values)
+    }
+    fn poisoned(engine: &CudaEngine, n: usize) -> CudaSlice<Self> {
+        poisoned_bf16(engine, n)
+    }
+}
+
+impl TestStorage for f32 {
+    const NAME: &'static str = "f32";
+    const ULP: f64 = 2e-6;
+    fn random(rng: &mut Rng, n: usize, mean: f64, std: f64) -> Vec<Self> {
+        rng.f32_vec(n, mean, std)
+    }
+    fn widen(values: &[Self]) -> Vec<f64> {
+        values.iter().map(|&v| f64::from(v)).collect()
+    }
+    fn to_f32(values: &[Self]) -> Vec<f32> {
+        values.to_vec()
+    }
+    fn poisoned(engine: &CudaEngine, n: usize) -> CudaSlice<Self> {
+        poisoned_f32(engine, n)
+    }
+}
+
+/// Runs a kernel test for bf16 storage, then for f32 storage (its kernel build compiled first).
+pub fn for_each_storage(
+    engine: &CudaEngine,
+    bf16_case: fn(&CudaEngine),
+    f32_case: fn(&CudaEngine),
+) {
+    bf16_case(engine);
+    engine
+        .load_f32_storage()
+        .expect("compiling the f32-storage kernels");
+    f32_case(engine);
+}
+
 pub fn widen(values: &[bf16]) -> Vec<f64> {
     values.iter().map(|v| f64::from(v.to_f32())).collect()
 }
