@@ -34,9 +34,18 @@ pub(crate) enum EngineKind {
     Native,
     /// ONNX Runtime (CPU) on an export directory; needs `ORT_DYLIB_PATH`.
     Onnx,
-    /// The native CUDA engine on GPU 0 (bf16 encoder, GPU decoder), from a `.nemo` file.
+    /// The native CUDA engine on GPU 0 (bf16 or f32 encoder, GPU decoder), from a `.nemo` file.
     /// Without a usable GPU this is an error, never a fallback to the CPU.
     Cuda,
+}
+
+/// The CUDA engine's encoder storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum CudaPrecision {
+    /// bf16 weights and activations, fp32 accumulation (fast).
+    Bf16,
+    /// f32 throughout: NeMo's fp32 results.
+    F32,
 }
 
 #[derive(Debug, clap::Args)]
@@ -55,6 +64,9 @@ pub(crate) struct TranscribeArgs {
     pub(crate) diar_model: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = EngineKind::Native)]
     pub(crate) engine: EngineKind,
+    /// Encoder storage of `--engine cuda`.
+    #[arg(long, value_enum, default_value_t = CudaPrecision::Bf16)]
+    pub(crate) cuda_precision: CudaPrecision,
     /// Write `<DIR>/<file stem>.<ext>` per input instead of printing to stdout.
     #[arg(long, value_name = "DIR")]
     pub(crate) out: Option<PathBuf>,
@@ -80,7 +92,11 @@ enum Engine {
 }
 
 impl Engine {
-    fn load(kind: EngineKind, path: &Path) -> anyhow::Result<(Self, Timestamper)> {
+    fn load(
+        kind: EngineKind,
+        path: &Path,
+        precision: CudaPrecision,
+    ) -> anyhow::Result<(Self, Timestamper)> {
         let started = std::time::Instant::now();
         let loaded = match kind {
             EngineKind::Native => {
@@ -98,7 +114,11 @@ impl Engine {
                 (Engine::Onnx(model), timestamper)
             }
             EngineKind::Cuda => {
-                let model = cuda_engine::GpuParakeet::load(path, 0)?;
+                let precision = match precision {
+                    CudaPrecision::Bf16 => cuda_engine::EncoderPrecision::Bf16,
+                    CudaPrecision::F32 => cuda_engine::EncoderPrecision::F32,
+                };
+                let model = cuda_engine::GpuParakeet::load_with(path, 0, precision)?;
                 let timestamper = Timestamper::for_model(model.vocabulary(), model.config());
                 (Engine::Cuda(Box::new(model)), timestamper)
             }
@@ -261,7 +281,7 @@ pub(crate) fn run(args: TranscribeArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let (engine, timestamper) = Engine::load(args.engine, &args.model)
+    let (engine, timestamper) = Engine::load(args.engine, &args.model, args.cuda_precision)
         .with_context(|| format!("loading model {}", args.model.display()))?;
     let mut job = Transcribing {
         engine,
