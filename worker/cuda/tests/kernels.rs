@@ -21,7 +21,7 @@ use common::{
 };
 use cuda_engine::{
     bf16, fold_batch_norm, AttentionShape, BLayout, BatchNorm, CudaEngine, CudaEngineError,
-    DepthwiseShape, LayerNormWeights, MatmulSpec, Residual, RowShape,
+    DepthwiseShape, LayerNormWeights, MatmulSpec, Residual, RowShape, StorageKind,
 };
 
 fn sigmoid(v: f64) -> f64 {
@@ -574,10 +574,11 @@ fn matmul_ref(
     (out, mag)
 }
 
-fn random_operands(rng: &mut Rng, spec: &MatmulSpec) -> (Vec<bf16>, Vec<bf16>) {
+fn random_operands<S: TestStorage>(rng: &mut Rng, spec: &MatmulSpec) -> (Vec<S>, Vec<S>) {
     let b_batches = if spec.b_shared { 1 } else { spec.batch };
-    let a = rng.bf16_vec(spec.batch * spec.m * spec.k, 0.0, 1.0);
-    let b = rng.bf16_vec(
+    let a = S::random(rng, spec.batch * spec.m * spec.k, 0.0, 1.0);
+    let b = S::random(
+        rng,
         b_batches * spec.n * spec.k,
         0.0,
         1.0 / (spec.k as f64).sqrt(),
@@ -644,12 +645,27 @@ fn matmul_linear_bf16_output_matches_reference_with_and_without_bias() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// bf16 operands (the encoder's products), then f32 operands (the f32-storage encoder and the
+/// decoder's encoder projection), where the tighter bound (1e-5 of the summed magnitudes) also
+/// catches TF32: its 10-bit-mantissa products err by about 5e-4 each.
 #[test]
 fn matmul_batched_f32_output_matches_reference() {
     let Some(engine) = engine("matmul_batched_f32") else {
         return;
     };
-    let mut rng = Rng::fresh("matmul_batched_f32");
+    for_each_storage(
+        &engine,
+        matmul_f32_out_case::<bf16>,
+        matmul_f32_out_case::<f32>,
+    );
+}
+
+fn matmul_f32_out_case<S: TestStorage>(engine: &CudaEngine) {
+    let mut rng = Rng::fresh(&format!("matmul_batched_f32 {} operands", S::NAME));
+    let tolerance = match S::KIND {
+        StorageKind::Bf16 => MATMUL_ACCUMULATION_TOL,
+        StorageKind::F32 => 1e-5,
+    };
     let specs = [
         // Attention probabilities . values: b is [k, n] per batch entry.
         MatmulSpec {
@@ -692,13 +708,13 @@ fn matmul_batched_f32_output_matches_reference() {
         },
     ];
     for spec in specs {
-        let (a_host, b_host) = random_operands(&mut rng, &spec);
+        let (a_host, b_host) = random_operands::<S>(&mut rng, &spec);
         let with_bias = spec.b_shared;
         let bias_host = rng.f32_vec(spec.n, 0.0, 0.5);
         let a = engine.upload(&a_host).expect("upload");
         let b = engine.upload(&b_host).expect("upload");
         let bias = engine.upload(&bias_host).expect("upload");
-        let mut out = poisoned_f32(&engine, spec.batch * spec.m * spec.n);
+        let mut out = poisoned_f32(engine, spec.batch * spec.m * spec.n);
         engine
             .matmul(&spec, &a, &b, with_bias.then_some(&bias), &mut out)
             .expect("matmul");
@@ -706,18 +722,17 @@ fn matmul_batched_f32_output_matches_reference() {
         let bias_wide: Vec<f64> = bias_host.iter().map(|&v| f64::from(v)).collect();
         let (want, mag) = matmul_ref(
             &spec,
-            &widen(&a_host),
-            &widen(&b_host),
+            &S::widen(&a_host),
+            &S::widen(&b_host),
             with_bias.then_some(bias_wide.as_slice()),
         );
         let label = format!(
-            "matmul f32-out{} {}",
+            "matmul {}-operands f32-out{} {}",
+            S::NAME,
             if with_bias { "+bias" } else { "" },
             describe(&spec)
         );
-        assert_close(&label, &got, &want, |i| {
-            MATMUL_ACCUMULATION_TOL * mag[i] + 1e-7
-        });
+        assert_close(&label, &got, &want, |i| tolerance * mag[i] + 1e-7);
     }
 }
 
