@@ -10,7 +10,9 @@
 #   twogpu   (2 GPUs) 4 workers per GPU, one MPS domain each; SIGKILL in GPU 0's group restarts
 #            only GPU 0's workers while GPU 1's keep serving
 #   scaling  (2 GPUs) throughput with 4 workers on GPU 0, then 4 per GPU on GPUs 0 and 1
-#   hammer   4 workers at 25 % for HAMMER_S seconds (default 540), every answer vs golden
+#   hammer   4 workers at 25 % for HAMMER_S seconds (default 540), every answer vs golden; with
+#            DIAR_MODEL (a Sortformer .nemo), also 8 diarization workers at 12 % under the same
+#            daemon, 8 threads diarizing the same clips, every answer vs golden
 set -uo pipefail
 OUT=${OUT:-/tmp/drill}
 STEPS=${STEPS:-model probe single mps4 mps8}
@@ -88,7 +90,9 @@ if has scaling; then
 fi
 
 if has hammer; then
+  diar=()
+  [ -n "${DIAR_MODEL:-}" ] && diar=(--diar-model "$DIAR_MODEL" --diar-concurrency 8)
   "$BIN/hammer" --engine cuda --model "$MODEL" --worker-binary "$BIN/worker" --clips "$CLIPS" \
-    --gpus 0 --instances-per-gpu 4 --concurrency 32 --duration-s "${HAMMER_S:-540}" \
+    --gpus 0 --instances-per-gpu 4 --concurrency 32 --duration-s "${HAMMER_S:-540}" "${diar[@]}" \
     --runtime-dir /tmp/fleet-hammer 2>&1 | tee "$OUT/hammer.log" | grep -E '^\{' | cut -c1-600
 fi

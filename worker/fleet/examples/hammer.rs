@@ -4,7 +4,9 @@
 //! 2. the fleet under test (e.g. 4 workers at 25 % under MPS) is started and each worker's
 //!    handshake (device, SMs, MPS percentage) printed;
 //! 3. `--concurrency` threads send clips for `--duration-s`, checking every answer against the
-//!    golden one; optionally one worker of `--kill-group` gets SIGKILL at `--kill-after-s`;
+//!    golden one; with `--diar-model`, `--diar-concurrency` more threads send the clips to the
+//!    diarization pool the same way (golden: one diarization worker without MPS); optionally
+//!    one worker of `--kill-group` gets SIGKILL at `--kill-after-s`;
 //! 4. one JSON summary line: requests, mismatches, errors, audio seconds per second, restarts
 //!    by cause, worker states; then the fleet stops (and the MPS daemons it started).
 //!
@@ -22,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use models::speakers::SpeakerSegment;
 use models::transcript::Hypothesis;
 use worker_fleet::{Fleet, FleetOptions, RestartCause};
 
@@ -49,8 +52,59 @@ struct Args {
     /// of a single-process golden run (for CPU smoke runs).
     #[arg(long)]
     skip_golden: bool,
+    /// A Sortformer `.nemo`: the fleet also runs its diarization pool
+    /// (`--diar-workers-per-gpu`, `--diar-mps-percentage`, `--diar-engine`).
+    #[arg(long)]
+    diar_model: Option<PathBuf>,
+    /// Diarization requests in flight at once (one thread each), beside `--concurrency`.
+    #[arg(long, default_value_t = 0)]
+    diar_concurrency: usize,
     #[command(flatten)]
     fleet: FleetOptions,
+}
+
+/// Answers, mismatches and failures of one kind of request.
+#[derive(Default)]
+struct Tally {
+    ok: AtomicU64,
+    mismatched: AtomicU64,
+    failed: AtomicU64,
+    audio_ms: AtomicU64,
+}
+
+impl Tally {
+    fn record<T: PartialEq, E: std::fmt::Display>(
+        &self,
+        what: &str,
+        clip: usize,
+        seconds: f64,
+        answer: Result<T, E>,
+        golden: &T,
+    ) {
+        match answer {
+            Ok(answer) if answer == *golden => {
+                self.ok.fetch_add(1, Ordering::Relaxed);
+                self.audio_ms
+                    .fetch_add((seconds * 1e3) as u64, Ordering::Relaxed);
+            }
+            Ok(_) => {
+                self.mismatched.fetch_add(1, Ordering::Relaxed);
+                eprintln!("MISMATCH {what} clip {clip}");
+            }
+            Err(error) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                eprintln!("FAILED {what} clip {clip}: {error}");
+            }
+        }
+    }
+
+    fn counts(&self) -> (u64, u64, u64) {
+        (
+            self.ok.load(Ordering::Relaxed),
+            self.mismatched.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+        )
+    }
 }
 
 fn read_wav(path: &PathBuf) -> Result<Vec<f32>> {
@@ -75,8 +129,19 @@ fn answer_each(fleet: &Fleet, clips: &[Vec<f32>]) -> Result<Vec<Hypothesis>> {
         .collect()
 }
 
+fn diarize_each(fleet: &Fleet, clips: &[Vec<f32>]) -> Result<Vec<Vec<SpeakerSegment>>> {
+    clips
+        .iter()
+        .map(|clip| Ok(fleet.diarize(clip)?.segments))
+        .collect()
+}
+
 fn start(options: &FleetOptions, args: &Args, label: &str) -> Result<Fleet> {
-    let config = options.to_config(&args.engine, &args.model)?;
+    let config = options.to_config_with_diarization(
+        &args.engine,
+        &args.model,
+        args.diar_model.as_deref(),
+    )?;
     let started = Instant::now();
     let fleet = Fleet::start(config)?;
     fleet
@@ -117,38 +182,56 @@ fn main() -> Result<()> {
             .clone()
             .unwrap_or_else(|| std::env::temp_dir().join("parakeet-fleet"));
         single.runtime_dir = Some(base.join("golden"));
-        let fleet = start(&single, &args, "golden (1 worker, no MPS)")?;
+        single.diar_workers_per_gpu = 1;
+        let fleet = start(&single, &args, "golden (1 worker each, no MPS)")?;
         let answers = answer_each(&fleet, &clips)?;
+        let diarized = match &args.diar_model {
+            Some(_) => diarize_each(&fleet, &clips)?,
+            None => Vec::new(),
+        };
         fleet.shutdown();
-        Some(answers)
+        Some((answers, diarized))
     };
 
     let fleet = Arc::new(start(&args.fleet, &args, "under test")?);
-    let golden = match golden {
+    let (golden, golden_diar) = match golden {
         Some(g) => g,
-        None => answer_each(&fleet, &clips)?,
+        None => (
+            answer_each(&fleet, &clips)?,
+            match &args.diar_model {
+                Some(_) => diarize_each(&fleet, &clips)?,
+                None => Vec::new(),
+            },
+        ),
     };
     let golden = Arc::new(golden);
+    let golden_diar = Arc::new(golden_diar);
     let clips = Arc::new(clips);
-    let (ok, mismatched, failed) = (
-        Arc::new(AtomicU64::new(0)),
-        Arc::new(AtomicU64::new(0)),
-        Arc::new(AtomicU64::new(0)),
-    );
-    let audio_ms = Arc::new(AtomicU64::new(0));
+    let tally = Arc::new(Tally::default());
+    let diar_tally = Arc::new(Tally::default());
+    let diar_threads = if args.diar_model.is_some() {
+        args.diar_concurrency
+    } else {
+        0
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.duration_s);
 
     let mut threads = Vec::new();
-    for t in 0..args.concurrency {
-        let (fleet, clips, golden) = (fleet.clone(), clips.clone(), golden.clone());
-        let (ok, mismatched, failed, audio_ms) = (
-            ok.clone(),
-            mismatched.clone(),
-            failed.clone(),
-            audio_ms.clone(),
+    for t in 0..args.concurrency + diar_threads {
+        let diarizing = t >= args.concurrency;
+        let (fleet, clips, golden, golden_diar) = (
+            fleet.clone(),
+            clips.clone(),
+            golden.clone(),
+            golden_diar.clone(),
         );
+        let tally = if diarizing {
+            diar_tally.clone()
+        } else {
+            tally.clone()
+        };
         let seconds = clip_seconds.clone();
         threads.push(std::thread::spawn(move || {
             let mut i = t;
@@ -157,21 +240,16 @@ fn main() -> Result<()> {
                 let c = i % clips.len();
                 i += 1;
                 let sent = Instant::now();
-                let answer = fleet.transcribe(&[clips[c].as_slice()]).remove(0);
-                latencies.push(sent.elapsed().as_secs_f64());
-                match answer {
-                    Ok(answer) if answer.hypothesis == golden[c] => {
-                        ok.fetch_add(1, Ordering::Relaxed);
-                        audio_ms.fetch_add((seconds[c] * 1e3) as u64, Ordering::Relaxed);
-                    }
-                    Ok(_) => {
-                        mismatched.fetch_add(1, Ordering::Relaxed);
-                        eprintln!("MISMATCH clip {c}");
-                    }
-                    Err(error) => {
-                        failed.fetch_add(1, Ordering::Relaxed);
-                        eprintln!("FAILED clip {c}: {error}");
-                    }
+                if diarizing {
+                    let answer = fleet.diarize(&clips[c]).map(|r| r.segments);
+                    tally.record("diarize", c, seconds[c], answer, &golden_diar[c]);
+                } else {
+                    let answer = fleet
+                        .transcribe(&[clips[c].as_slice()])
+                        .remove(0)
+                        .map(|r| r.hypothesis);
+                    latencies.push(sent.elapsed().as_secs_f64());
+                    tally.record("transcribe", c, seconds[c], answer, &golden[c]);
                 }
             }
             latencies
@@ -225,9 +303,10 @@ fn main() -> Result<()> {
                 serde_json::json!({
                     "event": "progress",
                     "at_s": elapsed,
-                    "ok": ok.load(Ordering::Relaxed),
-                    "mismatched": mismatched.load(Ordering::Relaxed),
-                    "failed": failed.load(Ordering::Relaxed),
+                    "ok": tally.counts().0,
+                    "mismatched": tally.counts().1,
+                    "failed": tally.counts().2,
+                    "diarized": diar_tally.counts(),
                     "workers": phases,
                 })
             );
@@ -252,11 +331,8 @@ fn main() -> Result<()> {
         .iter()
         .map(|c| (c.label().to_owned(), fleet.restarts(*c).into()))
         .collect();
-    let (ok, mismatched, failed) = (
-        ok.load(Ordering::Relaxed),
-        mismatched.load(Ordering::Relaxed),
-        failed.load(Ordering::Relaxed),
-    );
+    let (ok, mismatched, failed) = tally.counts();
+    let (diar_ok, diar_mismatched, diar_failed) = diar_tally.counts();
     println!(
         "{}",
         serde_json::json!({
@@ -265,7 +341,14 @@ fn main() -> Result<()> {
             "ok": ok,
             "mismatched": mismatched,
             "failed": failed,
-            "audio_seconds_per_second": audio_ms.load(Ordering::Relaxed) as f64 / 1e3 / wall,
+            "audio_seconds_per_second": tally.audio_ms.load(Ordering::Relaxed) as f64 / 1e3 / wall,
+            "diarization": {
+                "ok": diar_ok,
+                "mismatched": diar_mismatched,
+                "failed": diar_failed,
+                "audio_seconds_per_second":
+                    diar_tally.audio_ms.load(Ordering::Relaxed) as f64 / 1e3 / wall,
+            },
             "latency_ms": {
                 "p50": quantile(0.5), "p90": quantile(0.9), "p99": quantile(0.99),
                 "max": latencies.last().map_or(0.0, |s| s * 1e3),
@@ -276,8 +359,11 @@ fn main() -> Result<()> {
     );
     fleet.shutdown();
     println!("{}", serde_json::json!({"event": "stopped"}));
-    if mismatched > 0 || failed > 0 {
-        bail!("{mismatched} answers differed from the golden ones, {failed} failed");
+    if mismatched + diar_mismatched > 0 || failed + diar_failed > 0 {
+        bail!(
+            "{mismatched} transcriptions and {diar_mismatched} diarizations differed from the \
+             golden ones, {failed} and {diar_failed} failed"
+        );
     }
     Ok(())
 }
