@@ -4,10 +4,10 @@
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{ensure, Result};
-use common::{clips, model_path, reference, worker_binary};
+use common::{clips, model_path, reference, wait_until, worker_binary};
 use models::timestamps::Timestamper;
 use rustix::process::{kill_process, Pid, Signal};
 use worker_fleet::{Fleet, FleetConfig, FleetTranscriber, RestartCause};
@@ -26,17 +26,6 @@ fn config(dir: &Path, instances: usize) -> FleetConfig {
 fn signal(pid: u32, sig: Signal) {
     let pid = Pid::from_raw(pid as i32).expect("positive pid");
     kill_process(pid, sig).expect("signal delivered");
-}
-
-fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    false
 }
 
 #[test]

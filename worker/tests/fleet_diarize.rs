@@ -6,10 +6,12 @@
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{ensure, Result};
-use common::{clips, model_path, reference, sortformer_path, three_speakers, worker_binary};
+use common::{
+    clips, model_path, reference, sortformer_path, three_speakers, wait_until, worker_binary,
+};
 use models::sortformer::SortformerModel;
 use rustix::process::{kill_process, Pid, Signal};
 use worker_fleet::{DiarizationPool, Fleet, FleetConfig, RestartCause, Task, WorkerStatus};
@@ -33,17 +35,6 @@ fn config(dir: &Path, transcribers: usize, diarizers: usize) -> FleetConfig {
 
 fn of_task(status: &[WorkerStatus], task: Task) -> Vec<&WorkerStatus> {
     status.iter().filter(|w| w.task == task).collect()
-}
-
-fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    false
 }
 
 #[test]

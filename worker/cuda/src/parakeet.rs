@@ -86,10 +86,12 @@ impl GpuParakeet {
             EncoderPrecision::Bf16 => Encoder::Bf16(GpuEncoder::from_checkpoint(&engine, ckpt)?),
             EncoderPrecision::F32 => Encoder::F32(GpuEncoder::from_checkpoint(&engine, ckpt)?),
         };
+        // One validated extractor: the host path itself, and the GPU path's config and arrays.
+        let host_features = FeatureExtractor::from_checkpoint(ckpt)?;
         Ok(Self {
             feature_location: FeatureLocation::default(),
-            host_features: FeatureExtractor::from_checkpoint(ckpt)?,
-            features: GpuFeatures::from_checkpoint(&engine, ckpt)?,
+            features: GpuFeatures::from_extractor(&engine, &host_features)?,
+            host_features,
             encoder,
             decoder: GpuDecoder::from_checkpoint(&engine, ckpt)?,
             config: ckpt.config.clone(),

@@ -13,6 +13,18 @@ use models::transcript::Hypothesis;
 use models::ParakeetModel;
 use worker_protocol::{read_frame, write_frame, ClientMessage, WorkerMessage, PROTOCOL_VERSION};
 
+/// Polls `cond` every 10 ms until it holds (true) or `timeout` passes (false).
+pub fn wait_until(timeout: std::time::Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    while std::time::Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    false
+}
+
 pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tests/fixtures")
 }
