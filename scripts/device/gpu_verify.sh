@@ -11,6 +11,9 @@
 #   agreement   scripts/bench/token_agreement.sh with our engine (offline_bench) next to PyTorch
 #               fp32/bf16 on 100 clips of 5-60 s; PyTorch bf16 RTFx per batch size
 #   grid        scripts/bench/side_by_side.sh on the full encoder grid (1/4/16 x 5/15/30/45/60 s)
+#   offline     offline RTFx of our engine on the agreement step's clips (made if missing) at
+#               OFFLINE_BATCHES, GPU and host features, with the per-phase split
+#   profile     ncu per-kernel GPU time of our encoder at 16 x 30 s (one forward pass)
 set -uo pipefail
 OUT=${OUT:-/tmp/verify}
 STEPS=${STEPS:-tests sortformer agreement grid}
@@ -45,6 +48,29 @@ OFFLINE_BATCH=16 REQUIRE_CUDA=1 $BIN/offline_bench --ignored --nocapture" \
   python3 scripts/bench/token_agreement.py "$A/pytorch_fp32.jsonl" "$A/pytorch_bf16.jsonl" \
     "$A/engine.jsonl" "$A/engine_f32.jsonl" --names "PyTorch fp32,PyTorch bf16,ours bf16,ours f32" \
     | tee "$A/agreement4.md"
+fi
+
+if has offline; then
+  A=$OUT/agree
+  mkdir -p "$A"
+  [ -f "$A/parakeet-random.nemo" ] || python3 scripts/bench/make_random_parakeet.py --out "$A/parakeet-random.nemo" | tail -1
+  [ -f "$A/parakeet-calibrated.nemo" ] || python3 scripts/bench/calibrate_random_parakeet.py \
+    --model "$A/parakeet-random.nemo" --out "$A/parakeet-calibrated.nemo" | tail -1
+  [ -f "$A/clips/manifest.jsonl" ] || python3 scripts/bench/make_clips.py --out "$A/clips" --count 100 | tail -1
+  for run in ${OFFLINE_RUNS:-"16:device" "64:device" "16:host"}; do
+    OFFLINE_MODEL=$A/parakeet-calibrated.nemo OFFLINE_MANIFEST=$A/clips/manifest.jsonl \
+      OFFLINE_OUT=$A/offline_${run/:/_}.jsonl OFFLINE_BATCH=${run%%:*} OFFLINE_FEATURES=${run##*:} \
+      REQUIRE_CUDA=1 timeout 120 "$BIN/offline_bench" --ignored --nocapture 2>&1 | grep RESULT
+  done
+fi
+
+if has profile; then
+  ENCODER_BENCH_SHAPES=16x30 REQUIRE_CUDA=1 timeout 240 ncu --clock-control none \
+    --metrics gpu__time_duration.sum --launch-skip ${NCU_SKIP:-2500} --launch-count ${NCU_COUNT:-700} \
+    --csv --print-summary per-kernel "$BIN/encoder_bench" --ignored --nocapture \
+    > "$OUT/ncu_encoder.csv" 2> "$OUT/ncu_encoder.err"
+  echo "ncu exit $?"
+  python3 scripts/bench/ncu_summary.py "$OUT/ncu_encoder.csv" | tee "$OUT/ncu_encoder.md"
 fi
 
 if has grid; then

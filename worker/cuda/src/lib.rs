@@ -39,7 +39,7 @@ pub use ops::{
     stride2_out_len, AttentionShape, Conv2dShape, DepthwiseShape, HeadShape, LayerNormWeights,
     QkvHeads, Residual, ResidualF32, RowShape,
 };
-pub use parakeet::{EncoderPrecision, FeatureLocation, GpuParakeet};
+pub use parakeet::{EncoderPrecision, FeatureLocation, GpuParakeet, PhaseTimes};
 pub use probe::DeviceProbe;
 pub use sortformer::{GpuSortformer, GpuSpeakerNetwork};
 pub use storage::{Storage, StorageKind};

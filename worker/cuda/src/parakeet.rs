@@ -3,6 +3,7 @@
 //! or (opt-in) the device.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use models::checkpoint::Checkpoint;
 use models::config::ParakeetConfig;
@@ -20,10 +21,10 @@ use half::bf16;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum FeatureLocation {
     /// `models::FeatureExtractor` on the host (the reference), uploaded per batch.
-    #[default]
     Host,
-    /// [`GpuFeatures`]: the host only uploads PCM. Opt-in until its parity tests
-    /// (`tests/features_parity.rs`) have run on a GPU.
+    /// [`GpuFeatures`]: the host only uploads PCM (`tests/features_parity.rs` holds it to the
+    /// host path's results).
+    #[default]
     Device,
 }
 
@@ -184,4 +185,38 @@ impl GpuParakeet {
         self.recycle(input);
         self.decoder.decode(&self.engine, &encoded)
     }
+
+    /// [`Self::transcribe_batch`] with the stream drained after features and after the
+    /// encoder, so each phase's wall time can be read (for benchmarks: the drains cost the
+    /// overlap of host work with queued GPU work).
+    pub fn transcribe_batch_timed(&self, pcm: &[&[f32]]) -> Result<(Vec<Hypothesis>, PhaseTimes)> {
+        let started = Instant::now();
+        let input = self.encoder_input(pcm)?;
+        self.engine.synchronize()?;
+        let features = started.elapsed();
+        let encoded = with_encoder!(&self.encoder, e => e.run(&self.engine, &input))?;
+        self.engine.synchronize()?;
+        let encoder = started.elapsed() - features;
+        self.recycle(input);
+        let hyps = self.decoder.decode(&self.engine, &encoded)?;
+        let decoder = started.elapsed() - features - encoder;
+        Ok((
+            hyps,
+            PhaseTimes {
+                features,
+                encoder,
+                decoder,
+            },
+        ))
+    }
+}
+
+/// Wall time of each phase of one batch ([`GpuParakeet::transcribe_batch_timed`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PhaseTimes {
+    /// Log-mel features (on the host or the GPU) and their upload.
+    pub features: Duration,
+    pub encoder: Duration,
+    /// Label-looping decoding, results downloaded.
+    pub decoder: Duration,
 }

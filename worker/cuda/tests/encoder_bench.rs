@@ -6,7 +6,7 @@
 //! `REQUIRE_CUDA=1 ./encoder_bench --ignored --nocapture`. Each figure is the median over
 //! repeated `GpuEncoder::run` calls (workspace allocation included), timed on the host around a
 //! stream synchronize, after warm-ups. `ENCODER_BENCH_SHAPES` (e.g. `1x30,4x30,16x30,16x60`:
-//! batch x seconds) overrides the default shapes.
+//! batch x seconds, fractional seconds allowed) overrides the default shapes.
 
 mod common;
 
@@ -186,9 +186,9 @@ fn random_tensors(cfg: &EncoderConfig, rng: &mut Rng) -> TensorMap {
 }
 
 /// `(batch, seconds)` pairs from `ENCODER_BENCH_SHAPES`, or 1/4/16 x 30 s.
-fn bench_shapes() -> Result<Vec<(usize, usize)>> {
+fn bench_shapes() -> Result<Vec<(usize, f64)>> {
     let Ok(spec) = std::env::var("ENCODER_BENCH_SHAPES") else {
-        return Ok(vec![(1, 30), (4, 30), (16, 30)]);
+        return Ok(vec![(1, 30.0), (4, 30.0), (16, 30.0)]);
     };
     spec.split(',')
         .map(|pair| {
@@ -218,9 +218,9 @@ fn encoder_throughput_full_size_random_weights() -> Result<()> {
         "random full-size encoder built and loaded in {:.1} s",
         started.elapsed().as_secs_f64()
     );
-    let frames_per_second = 100usize;
+    let frames_per_second = 100.0;
     for (batch, seconds) in bench_shapes()? {
-        let frames = seconds * frames_per_second;
+        let frames = (seconds * frames_per_second).round() as usize;
         let features: Vec<Features> = (0..batch)
             .map(|_| Features {
                 n_mels: cfg.feat_in,
@@ -244,7 +244,7 @@ fn encoder_throughput_full_size_random_weights() -> Result<()> {
         }
         times.sort_by(f64::total_cmp);
         let median = times[times.len() / 2];
-        let audio = (batch * seconds) as f64;
+        let audio = batch as f64 * seconds;
         // Sanity: the output is finite.
         let out = encoder.download(&engine, &encoder.run(&engine, &input)?)?;
         let finite = out.iter().all(|u| u.data.iter().all(|v| v.is_finite()));

@@ -253,7 +253,10 @@ fn clip_margins(path: &Path) -> Result<BTreeMap<String, f64>> {
 }
 
 /// The f32-storage build: the same kernels with f32 weights and activations, fp32 matmuls (no
-/// TF32). It differs from the CPU engine only by summation order.
+/// TF32). It differs from the CPU engine only by summation order. Against NeMo it may be no
+/// further than this beyond the CPU engine's own distance: on digital silence the features
+/// themselves differ from NeMo's by f32 rounding in the log guard (`models/tests/parity_native.rs`
+/// explains and checks that), and both engines inherit it.
 const MAX_REL_L2_F32: f64 = 1e-5;
 
 #[test]
@@ -272,16 +275,16 @@ fn f32_storage_encoder_matches_cpu_and_nemo_to_fp32_rounding() -> Result<()> {
             let single = gpu.encode(&engine, &[f])?;
             for (label, ours) in [("batch=1", &single[0]), ("batched", &batched[i])] {
                 let vs_cpu = rel_l2(ours, &fixture.cpu_encoded[i]);
-                let vs_nemo = fixture
-                    .nemo
-                    .get(CLIPS[i])
-                    .map_or(f64::INFINITY, |n| rel_l2(ours, n));
+                let nemo = fixture.nemo.get(CLIPS[i]);
+                let vs_nemo = nemo.map_or(f64::INFINITY, |n| rel_l2(ours, n));
+                let cpu_vs_nemo =
+                    nemo.map_or(f64::INFINITY, |n| rel_l2(&fixture.cpu_encoded[i], n));
                 eprintln!(
                     "RESULT encoder f32 {model} {label} {}: rel_l2 vs CPU f32 = {vs_cpu:.3e}, \
-                     vs NeMo = {vs_nemo:.3e}",
+                     vs NeMo = {vs_nemo:.3e} (CPU vs NeMo {cpu_vs_nemo:.3e})",
                     CLIPS[i]
                 );
-                if vs_cpu > MAX_REL_L2_F32 || vs_nemo > MAX_REL_L2_F32 {
+                if vs_cpu > MAX_REL_L2_F32 || vs_nemo > cpu_vs_nemo + MAX_REL_L2_F32 {
                     failures.push(format!(
                         "{model} {label} {}: {vs_cpu:.3e} / {vs_nemo:.3e}",
                         CLIPS[i]

@@ -4,7 +4,7 @@
 //!
 //! Ignored by default; on a GPU:
 //! `OFFLINE_MODEL=m.nemo OFFLINE_MANIFEST=clips.jsonl OFFLINE_OUT=ours.jsonl OFFLINE_BATCH=16
-//!  [OFFLINE_PRECISION=bf16|f32] ./offline_bench --ignored --nocapture`.
+//!  [OFFLINE_PRECISION=bf16|f32] [OFFLINE_FEATURES=device|host] ./offline_bench --ignored --nocapture`.
 //! The manifest has one JSON object per line with at least `"path"` (16 kHz mono PCM16 WAV, as
 //! `scripts/bench/make_clips.py` writes). Clips are sorted by length and cut into batches of
 //! `OFFLINE_BATCH`; the wall time covers features, encoder and decoder of every batch (WAV
@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use common::{engine, read_wav};
-use cuda_engine::{EncoderPrecision, GpuParakeet};
+use cuda_engine::{EncoderPrecision, FeatureLocation, GpuParakeet};
 
 fn var(name: &str) -> Result<String> {
     std::env::var(name).with_context(|| format!("set {name}"))
@@ -64,7 +64,13 @@ fn offline_transcription() -> Result<()> {
         Ok("bf16") | Err(_) => EncoderPrecision::Bf16,
         Ok(other) => anyhow::bail!("OFFLINE_PRECISION={other}: use bf16 or f32"),
     };
-    let model = GpuParakeet::load_with(&model_path, 0, precision)?;
+    let features = match std::env::var("OFFLINE_FEATURES").as_deref() {
+        Ok("host") => FeatureLocation::Host,
+        Ok("device") | Err(_) => FeatureLocation::Device,
+        Ok(other) => anyhow::bail!("OFFLINE_FEATURES={other}: use device or host"),
+    };
+    let mut model = GpuParakeet::load_with(&model_path, 0, precision)?;
+    model.set_feature_location(features);
     model.warm_up(batch.min(clips.len()).max(1), longest_s.max(1.0))?;
 
     let mut order: Vec<usize> = (0..clips.len()).collect();
@@ -81,6 +87,31 @@ fn offline_transcription() -> Result<()> {
     }
     let wall_s = started.elapsed().as_secs_f64();
 
+    // A second pass drained between phases: where the time goes, and the same tokens again.
+    let mut phases = cuda_engine::PhaseTimes::default();
+    for group in order.chunks(batch) {
+        let pcm: Vec<&[f32]> = group.iter().map(|&i| clips[i].as_slice()).collect();
+        let (hyps, t) = model.transcribe_batch_timed(&pcm)?;
+        for (&i, hyp) in group.iter().zip(hyps) {
+            let again: Vec<u32> = hyp.tokens.iter().map(|t| t.id).collect();
+            anyhow::ensure!(
+                again == tokens[i],
+                "clip {} decoded differently twice",
+                paths[i]
+            );
+        }
+        phases.features += t.features;
+        phases.encoder += t.encoder;
+        phases.decoder += t.decoder;
+    }
+    println!(
+        "RESULT offline phases (drained between phases) features_s={:.3} encoder_s={:.3} \
+         decoder_s={:.3}",
+        phases.features.as_secs_f64(),
+        phases.encoder.as_secs_f64(),
+        phases.decoder.as_secs_f64()
+    );
+
     let mut out = std::io::BufWriter::new(std::fs::File::create(&out_path)?);
     for (path, ids) in paths.iter().zip(&tokens) {
         writeln!(
@@ -91,7 +122,7 @@ fn offline_transcription() -> Result<()> {
     }
     out.flush()?;
     println!(
-        "RESULT offline encoder={precision:?} clips={} audio_s={audio_s:.1} batch={batch} \
+        "RESULT offline encoder={precision:?} features={features:?} clips={} audio_s={audio_s:.1} batch={batch} \
          wall_s={wall_s:.3} rtfx={:.0} tokens={}",
         clips.len(),
         audio_s / wall_s,
