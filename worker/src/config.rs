@@ -7,6 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use worker_protocol::Task;
 
 use crate::batch_policy::BatchPolicyConfig;
+use crate::cuda_diarizer::CudaDiarSettings;
 use crate::cuda_engine::CudaSettings;
 use crate::engine::{EngineKind, EngineSettings, OnnxSettings};
 use crate::error::WorkerError;
@@ -72,9 +73,14 @@ pub struct ServeArgs {
     /// with the largest preferred batch size; longer segments decode eagerly (same results).
     #[arg(long, env = "WORKER_CUDA_GRAPH_MAX_SECONDS", default_value_t = 30.0)]
     pub cuda_graph_max_seconds: f64,
-    /// Where the CUDA engine computes log-mel features: `host` (the reference code) or `device`
-    /// (the GPU path, opt-in until its parity tests have run on a GPU).
-    #[arg(long, env = "WORKER_CUDA_FEATURES", value_enum, default_value = "host")]
+    /// Where the CUDA engine computes log-mel features: `device` (the GPU path; the host only
+    /// uploads PCM) or `host` (the reference code, one clip at a time on the worker's CPU).
+    #[arg(
+        long,
+        env = "WORKER_CUDA_FEATURES",
+        value_enum,
+        default_value = "device"
+    )]
     pub cuda_features: CudaFeaturesArg,
     /// The CUDA engine's encoder storage: `bf16` (fast) or `f32` (NeMo's fp32 results, about
     /// twice the weight memory).
@@ -85,6 +91,15 @@ pub struct ServeArgs {
         default_value = "bf16"
     )]
     pub cuda_encoder_precision: CudaPrecisionArg,
+    /// The CUDA diarization engine's storage (`--task diarize`): `bf16` (fast) or `f32`
+    /// (the CPU engine's results, about twice the weight memory).
+    #[arg(
+        long,
+        env = "WORKER_CUDA_DIAR_PRECISION",
+        value_enum,
+        default_value = "bf16"
+    )]
+    pub cuda_diar_precision: CudaPrecisionArg,
     /// Caps each of the CUDA encoder's two subsampling scratch buffers (MiB); larger batches
     /// are subsampled in groups of utterances, saving GPU memory. 0: no cap.
     #[arg(long, env = "WORKER_CUDA_SUBSAMPLING_SCRATCH_MIB", default_value_t = 0)]
@@ -122,6 +137,15 @@ pub enum CudaFeaturesArg {
 pub enum CudaPrecisionArg {
     Bf16,
     F32,
+}
+
+impl From<CudaPrecisionArg> for EncoderPrecision {
+    fn from(arg: CudaPrecisionArg) -> Self {
+        match arg {
+            CudaPrecisionArg::Bf16 => Self::Bf16,
+            CudaPrecisionArg::F32 => Self::F32,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -163,11 +187,16 @@ impl ServeArgs {
                     0 => None,
                     mib => Some(mib << 20),
                 },
-                precision: match self.cuda_encoder_precision {
-                    CudaPrecisionArg::Bf16 => EncoderPrecision::Bf16,
-                    CudaPrecisionArg::F32 => EncoderPrecision::F32,
-                },
+                precision: self.cuda_encoder_precision.into(),
             },
+        }
+    }
+
+    /// The CUDA diarization engine's settings.
+    pub fn diar_cuda_settings(&self) -> CudaDiarSettings {
+        CudaDiarSettings {
+            device: self.cuda_device,
+            precision: self.cuda_diar_precision.into(),
         }
     }
 
@@ -184,5 +213,37 @@ impl ServeArgs {
             self.max_batch_padded_frames,
         )
         .map_err(WorkerError::Config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve(extra: &[&str]) -> Result<ServeArgs, clap::Error> {
+        let args = [
+            "worker", "serve", "--socket", "s", "--model", "m", "--task", "diarize",
+        ];
+        match Cli::try_parse_from(args.iter().chain(extra))?.command {
+            Command::Serve(serve) => Ok(serve),
+            Command::Probe(_) => unreachable!("parsed `serve` (bug)"),
+        }
+    }
+
+    #[test]
+    fn diarization_precision_defaults_to_bf16_and_takes_f32() -> Result<(), clap::Error> {
+        let default = serve(&[])?.diar_cuda_settings();
+        assert_eq!(default.precision, EncoderPrecision::Bf16);
+        let args = serve(&["--cuda-diar-precision", "f32", "--cuda-device", "3"])?;
+        let settings = args.diar_cuda_settings();
+        assert_eq!(settings.precision, EncoderPrecision::F32);
+        assert_eq!(settings.device, 3);
+        // The transcription encoder's setting is separate.
+        assert_eq!(
+            args.engine_settings().cuda.precision,
+            EncoderPrecision::Bf16
+        );
+        assert!(serve(&["--cuda-diar-precision", "fp16"]).is_err());
+        Ok(())
     }
 }

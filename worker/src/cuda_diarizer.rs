@@ -1,11 +1,12 @@
 //! Streaming Sortformer on the GPU (`cuda-engine`'s [`GpuSortformer`]) behind the worker's
 //! [`DiarizationEngine`] trait. Warmed up (one full-size streaming step) before the worker
 //! reports ready; a sticky CUDA fault exits the worker with status 70 like the transcription
-//! engine (`WorkerError::Cuda` is fatal when sticky).
+//! engine (`WorkerError::Cuda` is fatal when sticky). Stored in bf16 or, with
+//! `--cuda-diar-precision f32`, f32 (the CPU engine's results).
 
 use std::path::Path;
 
-use cuda_engine::{DeviceProbe, GpuSortformer};
+use cuda_engine::{DeviceProbe, EncoderPrecision, GpuSortformer};
 use models::speakers::SpeakerSegment;
 use worker_protocol::{DeviceReport, ModelInfo};
 
@@ -14,6 +15,15 @@ use crate::diar_engine::{model_info, DiarizationEngine};
 use crate::engine::EngineKind;
 use crate::error::WorkerError;
 
+/// `worker serve --task diarize --engine cuda` options.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CudaDiarSettings {
+    /// GPU ordinal (after `CUDA_VISIBLE_DEVICES`).
+    pub device: usize,
+    /// Storage of the whole network (conformer and head).
+    pub precision: EncoderPrecision,
+}
+
 pub struct CudaDiarizer {
     model: GpuSortformer,
     path: String,
@@ -21,10 +31,15 @@ pub struct CudaDiarizer {
 }
 
 impl CudaDiarizer {
-    pub fn load(path: &Path, device: usize) -> Result<Self, WorkerError> {
-        let model = GpuSortformer::load(path, device).map_err(WorkerError::Cuda)?;
+    pub fn load(path: &Path, settings: CudaDiarSettings) -> Result<Self, WorkerError> {
+        let model = GpuSortformer::load_with(path, settings.device, settings.precision)
+            .map_err(WorkerError::Cuda)?;
         let probe = model.engine().probe().map_err(WorkerError::Cuda)?;
-        tracing::info!(device = %probe.summary(), "CUDA diarization engine loaded");
+        tracing::info!(
+            device = %probe.summary(),
+            precision = ?model.precision(),
+            "CUDA diarization engine loaded"
+        );
         model.warm_up().map_err(WorkerError::Cuda)?;
         Ok(Self {
             model,

@@ -8,7 +8,7 @@ use models::sortformer::{SortformerConfig, SortformerModel};
 use models::speakers::SpeakerSegment;
 use worker_protocol::{DeviceReport, ModelInfo};
 
-use crate::cuda_diarizer::CudaDiarizer;
+use crate::cuda_diarizer::{CudaDiarSettings, CudaDiarizer};
 use crate::engine::EngineKind;
 use crate::error::WorkerError;
 
@@ -29,11 +29,11 @@ pub trait DiarizationEngine: Send {
 pub fn load(
     kind: EngineKind,
     model: &Path,
-    cuda_device: usize,
+    cuda: CudaDiarSettings,
 ) -> Result<Box<dyn DiarizationEngine>, WorkerError> {
     match kind {
         EngineKind::Cpu => Ok(Box::new(CpuDiarizer::load(model)?)),
-        EngineKind::Cuda => Ok(Box::new(CudaDiarizer::load(model, cuda_device)?)),
+        EngineKind::Cuda => Ok(Box::new(CudaDiarizer::load(model, cuda)?)),
         EngineKind::Onnx => Err(WorkerError::EngineUnavailable {
             engine: "onnx".into(),
             reason: "diarization runs on the cpu or cuda engine only".into(),

@@ -75,7 +75,8 @@ fn load_and_warm_up(
             (Served::Transcribe(engine), model, device, hop)
         }
         Task::Diarize => {
-            let mut engine = diar_engine::load(args.engine, &args.model, args.cuda_device)?;
+            let mut engine =
+                diar_engine::load(args.engine, &args.model, args.diar_cuda_settings())?;
             let loaded = started.elapsed();
             engine.diarize(&clip)?;
             log_ready(engine.name(), task, started, loaded);

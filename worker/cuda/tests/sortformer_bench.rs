@@ -11,22 +11,31 @@
 //! worker spends per chunk. Steps before the cache and FIFO are full (shorter inputs) are
 //! reported apart from the steady state. The recording is seeded noise under a speech-like
 //! envelope (the weights are random, so content does not matter; the cost per step does not
-//! depend on it).
+//! depend on it). `SORTFORMER_BENCH_PRECISION=bf16|f32` picks the storage type (default bf16).
 
 mod common;
 
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use common::{engine, Rng};
-use cuda_engine::GpuSortformer;
+use cuda_engine::{EncoderPrecision, GpuSortformer};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// `SORTFORMER_BENCH_PRECISION`, default bf16; anything else is an error, not a silent default.
+fn precision() -> Result<(EncoderPrecision, &'static str)> {
+    match std::env::var("SORTFORMER_BENCH_PRECISION").as_deref() {
+        Err(_) | Ok("bf16") => Ok((EncoderPrecision::Bf16, "bf16")),
+        Ok("f32") => Ok((EncoderPrecision::F32, "f32")),
+        Ok(other) => bail!("SORTFORMER_BENCH_PRECISION={other}: expected bf16 or f32"),
+    }
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -44,8 +53,9 @@ fn sortformer_ms_per_chunk() -> Result<()> {
         std::env::var("SORTFORMER_BENCH_MODEL").context("set SORTFORMER_BENCH_MODEL")?,
     );
     let seconds: f64 = env_or("SORTFORMER_BENCH_SECONDS", 600.0);
+    let (precision, precision_label) = precision()?;
     let started = Instant::now();
-    let model = GpuSortformer::load(&path, 0)?;
+    let model = GpuSortformer::load_with(&path, 0, precision)?;
     let loaded_s = started.elapsed().as_secs_f64();
     model.warm_up()?;
     let ready_s = started.elapsed().as_secs_f64();
@@ -86,7 +96,7 @@ fn sortformer_ms_per_chunk() -> Result<()> {
     let mean = steady.iter().sum::<f64>() / steady.len() as f64;
     let mps = std::env::var("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").unwrap_or_else(|_| "-".into());
     println!(
-        "RESULT sortformer chunk_frames={} steps={} steady_steps={} mean_ms={mean:.2} \
+        "RESULT sortformer precision={precision_label} chunk_frames={} steps={} steady_steps={} mean_ms={mean:.2} \
          p50_ms={:.2} p95_ms={:.2} max_ms={:.2} first_step_ms={:.2} recording_s={seconds} \
          run_s={total_s:.2} rtfx={:.1} load_s={loaded_s:.2} ready_s={ready_s:.2} mps_pct={mps}",
         s.chunk_len_frames,

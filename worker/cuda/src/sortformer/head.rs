@@ -2,13 +2,13 @@
 //! `TransformerEncoder`, no positional encoding) and the speaker layers, for one sequence.
 //!
 //! Transformer layer: `x = LN1(x + MHA(x)); x = LN2(x + W_out·ReLU(W_in·x))`, the residual
-//! stream in f32, matmul inputs in bf16 (as in the conformer). Speaker layers:
+//! stream in f32, matmul inputs in the storage type `S` (bf16 or f32, as in the conformer).
+//! Speaker layers:
 //! `W_spk · ReLU(W_hh · ReLU(x))`; the sigmoid is applied on the host to the downloaded logits.
 
 use std::sync::{Mutex, PoisonError};
 
 use cudarc::driver::CudaSlice;
-use half::bf16;
 use models::checkpoint::TensorMap;
 use models::sortformer::SortformerConfig;
 
@@ -18,21 +18,23 @@ use crate::encoder::EncoderOutput;
 use crate::error::{CudaEngineError, DriverContext, Result};
 use crate::matmul::BLayout;
 use crate::ops::{AttentionShape, HeadShape, QkvHeads, ResidualF32, RowShape};
+use crate::storage::{Storage, StorageKind};
+use half::bf16;
 
 /// torch `nn.LayerNorm`'s default, which NeMo's transformer uses.
 const LAYER_NORM_EPS: f32 = 1e-5;
 
-struct TransformerLayer {
+struct TransformerLayer<S> {
     /// query, key and value nets stacked: `[3d, d]`.
-    qkv: DeviceLinear<bf16>,
-    out: DeviceLinear<bf16>,
+    qkv: DeviceLinear<S>,
+    out: DeviceLinear<S>,
     layer_norm_1: DeviceLayerNorm,
-    dense_in: DeviceLinear<bf16>,
-    dense_out: DeviceLinear<bf16>,
+    dense_in: DeviceLinear<S>,
+    dense_out: DeviceLinear<S>,
     layer_norm_2: DeviceLayerNorm,
 }
 
-impl TransformerLayer {
+impl<S: Storage> TransformerLayer<S> {
     fn load(
         engine: &CudaEngine,
         tensors: &TensorMap,
@@ -72,7 +74,7 @@ impl TransformerLayer {
         &self,
         engine: &CudaEngine,
         zero_bias: &CudaSlice<f32>,
-        ws: &mut HeadWorkspace,
+        ws: &mut HeadWorkspace<S>,
     ) -> Result<()> {
         let shape = ws.shape;
         let rows = shape.time;
@@ -156,31 +158,31 @@ impl TransformerLayer {
 }
 
 /// Device buffers for one sequence length.
-struct HeadWorkspace {
+struct HeadWorkspace<S> {
     shape: HeadShape,
-    /// The conformer output in bf16 `[t, d_model]`.
-    encoded: CudaSlice<bf16>,
+    /// The conformer output in storage `[t, d_model]`.
+    encoded: CudaSlice<S>,
     /// The residual stream `[t, d]` f32.
     x: CudaSlice<f32>,
-    normed: CudaSlice<bf16>,
-    qkv: CudaSlice<bf16>,
-    q: CudaSlice<bf16>,
-    q_unused: CudaSlice<bf16>,
-    k: CudaSlice<bf16>,
-    v: CudaSlice<bf16>,
+    normed: CudaSlice<S>,
+    qkv: CudaSlice<S>,
+    q: CudaSlice<S>,
+    q_unused: CudaSlice<S>,
+    k: CudaSlice<S>,
+    v: CudaSlice<S>,
     scores: CudaSlice<f32>,
-    probs: CudaSlice<bf16>,
-    context_heads: CudaSlice<bf16>,
-    context: CudaSlice<bf16>,
+    probs: CudaSlice<S>,
+    context_heads: CudaSlice<S>,
+    context: CudaSlice<S>,
     branch: CudaSlice<f32>,
-    hidden: CudaSlice<bf16>,
-    speaker_hidden: CudaSlice<bf16>,
+    hidden: CudaSlice<S>,
+    speaker_hidden: CudaSlice<S>,
     logits: CudaSlice<f32>,
     /// `[1]`: the sequence length, every key valid.
     lengths: CudaSlice<i32>,
 }
 
-impl HeadWorkspace {
+impl<S: Storage> HeadWorkspace<S> {
     fn new(engine: &CudaEngine, shape: HeadShape, dims: &HeadDims) -> Result<Self> {
         let t = shape.time;
         let n = shape.elements();
@@ -217,23 +219,27 @@ struct HeadDims {
 }
 
 /// Everything between the conformer output and the speaker logits, on one GPU.
-pub(crate) struct GpuSpeakerHead {
+pub(crate) struct GpuSpeakerHead<S = bf16> {
     dims: HeadDims,
-    encoder_proj: Option<DeviceLinear<bf16>>,
-    layers: Vec<TransformerLayer>,
-    hidden_to_hidden: DeviceLinear<bf16>,
-    hidden_to_speakers: DeviceLinear<bf16>,
+    encoder_proj: Option<DeviceLinear<S>>,
+    layers: Vec<TransformerLayer<S>>,
+    hidden_to_hidden: DeviceLinear<S>,
+    hidden_to_speakers: DeviceLinear<S>,
     /// `[hidden]` zeros: the positional biases the attention split takes.
     zero_bias: CudaSlice<f32>,
-    workspace: Mutex<Option<HeadWorkspace>>,
+    workspace: Mutex<Option<HeadWorkspace<S>>>,
 }
 
-impl GpuSpeakerHead {
+impl<S: Storage> GpuSpeakerHead<S> {
     pub(crate) fn load(
         engine: &CudaEngine,
         tensors: &TensorMap,
         cfg: &SortformerConfig,
     ) -> Result<Self> {
+        if S::KIND == StorageKind::F32 {
+            // Idempotent; the encoder of the same network has usually done it already.
+            engine.load_f32_storage()?;
+        }
         let tf = &cfg.transformer;
         let dims = HeadDims {
             encoder: cfg.encoder.d_model,
