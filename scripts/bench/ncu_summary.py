@@ -34,7 +34,9 @@ def main() -> None:
     if not rows:
         raise SystemExit(f"no CSV rows in {args.csv}")
     cols = rows[0].keys()
-    name_col = next(c for c in cols if "Name" in c and "Metric" not in c)
+    name_col = "Kernel Name" if "Kernel Name" in cols else next(
+        c for c in cols if "Name" in c and "Metric" not in c and "Process" not in c
+    )
     count_col = next(c for c in cols if "Invocations" in c or c == "Count")
     avg_col = next(c for c in cols if c in ("Average", "Avg", "Mean"))
     unit_col = next((c for c in cols if "Unit" in c), None)
