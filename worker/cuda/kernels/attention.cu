@@ -2,29 +2,82 @@
 // Head-major layout [heads, batch, time, head_dim] ("hb" = h * batch + b indexes a batch entry),
 // so QK^T, (q+v)P^T and PV are each one batched matmul.
 
+// split_qkv_heads and merge_heads give each thread one unit of kPack consecutive columns of d
+// (8 bf16 or 4 f32: one 16-byte pack) of one row: when head_dim is a multiple of kPack and every
+// pointer is 16-byte aligned, a unit lies in one head and moves with 16-byte loads and stores;
+// otherwise element by element. Launch: blockIdx.x * blockDim.x + threadIdx.x = unit; rows
+// (b * time + t) blockIdx.y * blockDim.y + threadIdx.y, striding by gridDim.y * blockDim.y.
+constexpr int kPack = 16 / (int)sizeof(bf16_t);
+
+union Pack {
+    uint4 raw;
+    bf16_t v[kPack];
+};
+
+union F32Pack {
+    float4 raw[kPack / 4];
+    float v[kPack];
+};
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+    return ((unsigned long long)p & 15ull) == 0;
+}
+
+// q + bias (kPack f32 at a 16-byte aligned address), added in f32 and rounded once, as a pack.
+__device__ __forceinline__ uint4 add_bias(const Pack& q, const float* bias) {
+    F32Pack b;
+#pragma unroll
+    for (int j = 0; j < kPack / 4; ++j) b.raw[j] = reinterpret_cast<const float4*>(bias)[j];
+    Pack sum;
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) sum.v[j] = f32_to_bf16(bf16_to_f32(q.v[j]) + b.v[j]);
+    return sum.raw;
+}
+
 // qkv [batch, time, 3 * d] bf16 (q | k | v, d = heads * head_dim); pos_bias_u/v [d] f32.
 // q_u = q + u, q_v = q + v (added in f32, rounded once), k, v: [heads, batch, time, head_dim].
+// batch * time must fit an int (checked by the wrapper).
 extern "C" __global__ void split_qkv_heads(const bf16_t* qkv, const float* pos_bias_u,
                                            const float* pos_bias_v, int batch, int time,
                                            int heads, int head_dim, bf16_t* q_u, bf16_t* q_v,
                                            bf16_t* k, bf16_t* v) {
     const int d = heads * head_dim;
-    const long long n = (long long)batch * time * d;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        const int col = (int)(i % d);
-        const long long bt = i / d;
-        const int t = (int)(bt % time);
-        const int b = (int)(bt / time);
-        const int h = col / head_dim;
-        const int e = col % head_dim;
-        const long long dst = (((long long)h * batch + b) * time + t) * head_dim + e;
-        const bf16_t* row = qkv + bt * 3 * d;
-        const float q = bf16_to_f32(row[col]);
-        q_u[dst] = f32_to_bf16(q + pos_bias_u[col]);
-        q_v[dst] = f32_to_bf16(q + pos_bias_v[col]);
-        k[dst] = row[d + col];
-        v[dst] = row[2 * d + col];
+    const int col0 = (blockIdx.x * blockDim.x + threadIdx.x) * kPack;
+    if (col0 >= d) return;
+    const bool packed = head_dim % kPack == 0 && aligned16(qkv) && aligned16(pos_bias_u) &&
+                        aligned16(pos_bias_v) && aligned16(q_u) && aligned16(q_v) &&
+                        aligned16(k) && aligned16(v);
+    const int rows = batch * time;
+    for (int bt = blockIdx.y * blockDim.y + threadIdx.y; bt < rows; bt += gridDim.y * blockDim.y) {
+        const int t = bt % time;
+        const int b = bt / time;
+        const bf16_t* row = qkv + (long long)bt * 3 * d;
+        if (packed) {
+            const int h = col0 / head_dim;
+            const int e = col0 - h * head_dim;
+            const long long dst = (((long long)h * batch + b) * time + t) * head_dim + e;
+            Pack q;
+            q.raw = *reinterpret_cast<const uint4*>(row + col0);
+            // __stwb: an ordinary store that stays one 128-bit access (NVVM split a plain
+            // assignment of this value into four).
+            __stwb(reinterpret_cast<uint4*>(q_u + dst), add_bias(q, pos_bias_u + col0));
+            __stwb(reinterpret_cast<uint4*>(q_v + dst), add_bias(q, pos_bias_v + col0));
+            *reinterpret_cast<uint4*>(k + dst) = *reinterpret_cast<const uint4*>(row + d + col0);
+            *reinterpret_cast<uint4*>(v + dst) =
+                *reinterpret_cast<const uint4*>(row + 2 * d + col0);
+        } else {
+            const int end = min(col0 + kPack, d);
+            for (int col = col0; col < end; ++col) {
+                const int h = col / head_dim;
+                const int e = col - h * head_dim;
+                const long long dst = (((long long)h * batch + b) * time + t) * head_dim + e;
+                const float q = bf16_to_f32(row[col]);
+                q_u[dst] = f32_to_bf16(q + pos_bias_u[col]);
+                q_v[dst] = f32_to_bf16(q + pos_bias_v[col]);
+                k[dst] = row[d + col];
+                v[dst] = row[2 * d + col];
+            }
+        }
     }
 }
 
@@ -73,20 +126,32 @@ extern "C" __global__ void rel_pos_softmax(const float* ac, const float* bd, con
     }
 }
 
-// ctx [heads, batch, time, head_dim] -> out [batch, time, heads * head_dim].
+// ctx [heads, batch, time, head_dim] -> out [batch, time, heads * head_dim]; launch and units as
+// for split_qkv_heads.
 extern "C" __global__ void merge_heads(const bf16_t* ctx, int batch, int time, int heads,
                                        int head_dim, bf16_t* out) {
     const int d = heads * head_dim;
-    const long long n = (long long)batch * time * d;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        const int col = (int)(i % d);
-        const long long bt = i / d;
-        const int t = (int)(bt % time);
-        const int b = (int)(bt / time);
-        const int h = col / head_dim;
-        const int e = col % head_dim;
-        out[i] = ctx[(((long long)h * batch + b) * time + t) * head_dim + e];
+    const int col0 = (blockIdx.x * blockDim.x + threadIdx.x) * kPack;
+    if (col0 >= d) return;
+    const bool packed = head_dim % kPack == 0 && aligned16(ctx) && aligned16(out);
+    const int rows = batch * time;
+    for (int bt = blockIdx.y * blockDim.y + threadIdx.y; bt < rows; bt += gridDim.y * blockDim.y) {
+        const int t = bt % time;
+        const int b = bt / time;
+        bf16_t* dst = out + (long long)bt * d;
+        if (packed) {
+            const int h = col0 / head_dim;
+            const int e = col0 - h * head_dim;
+            const long long src = (((long long)h * batch + b) * time + t) * head_dim + e;
+            *reinterpret_cast<uint4*>(dst + col0) = *reinterpret_cast<const uint4*>(ctx + src);
+        } else {
+            const int end = min(col0 + kPack, d);
+            for (int col = col0; col < end; ++col) {
+                const int h = col / head_dim;
+                const int e = col - h * head_dim;
+                dst[col] = ctx[(((long long)h * batch + b) * time + t) * head_dim + e];
+            }
+        }
     }
 }
 

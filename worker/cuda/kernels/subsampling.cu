@@ -6,74 +6,184 @@
 // padding at its end). Output frames past the stage's own length are computed anyway; the next
 // stage (and the encoder's masks) never read them.
 
-// Launch shape of both convolutions: blockIdx.x = b * out_time + t (one output frame), and
-// blockIdx.y * blockDim.x + threadIdx.x = f * channels + c within the frame, so the index math is
-// 32-bit and channel-contiguous (coalesced stores).
+// 16-byte packs: kPack storage elements (8 bf16 or 4 f32) move as one load or store.
+constexpr int kPack = 16 / (int)sizeof(bf16_t);
+
+union Pack {
+    uint4 raw;
+    bf16_t v[kPack];
+};
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+    return ((unsigned long long)p & 15ull) == 0;
+}
+
+// Stores the first `count` channels of a unit: one 16-byte store when `packed`.
+__device__ __forceinline__ void store_unit(bf16_t* out, const Pack& result, bool packed,
+                                           int count) {
+    if (packed) {
+        *reinterpret_cast<uint4*>(out) = result.raw;
+    } else {
+#pragma unroll
+        for (int j = 0; j < kPack; ++j) {
+            if (j < count) out[j] = result.v[j];
+        }
+    }
+}
+
+// Launch shape of both convolutions: blockIdx.x = b * out_time + t (one output frame);
+// (blockIdx.y * blockDim.x + threadIdx.x) * kPack = c0, the first of the thread's kPack
+// consecutive channels (one 16-byte pack of the output when channels is a multiple of kPack and
+// the pointers are aligned; element-wise stores otherwise); output columns f = threadIdx.y,
+// striding by blockDim.y, so a thread's weights serve out_freq / blockDim.y positions. Per output
+// the taps accumulate in fp32 in the order (ki, kj) = (0, 0), (0, 1), ..., skipping taps outside
+// the input, as in the element-wise formulation.
 
 // First convolution, one input channel: x [batch, time, freq] f32 (features, time-major);
 // weight [channels, 9] f32, bias [channels] f32; y [batch, out_time, out_freq, channels] bf16,
-// ReLU applied.
+// ReLU applied. The thread's 9 * kPack weights live in registers.
 extern "C" __global__ void subsample_conv0_relu(const float* x, const int* lengths,
                                                 const float* weight, const float* bias, int batch,
                                                 int time, int freq, int channels, int out_time,
                                                 int out_freq, bf16_t* y) {
     const int frame = blockIdx.x;
-    const int within = blockIdx.y * blockDim.x + threadIdx.x;
-    if (within >= out_freq * channels) return;
-    const int c = within % channels;
-    const int f = within / channels;
+    const int c0 = (blockIdx.y * blockDim.x + threadIdx.x) * kPack;
+    if (c0 >= channels) return;
+    const int count = min(kPack, channels - c0);
+    const bool packed = channels % kPack == 0 && aligned16(y);
     const int t = frame % out_time;
     const int b = frame / out_time;
     const int valid = min(max(lengths[b], 0), time);
-    const float* w = weight + c * 9;
-    const float* xb = x + (long long)b * time * freq;
-    float acc = bias[c];
-    for (int ki = 0; ki < 3; ++ki) {
-        const int r = 2 * t + ki - 1;
-        if (r < 0 || r >= valid) continue;
-        for (int kj = 0; kj < 3; ++kj) {
-            const int col = 2 * f + kj - 1;
-            if (col < 0 || col >= freq) continue;
-            acc += w[ki * 3 + kj] * xb[(long long)r * freq + col];
-        }
+    float w[9][kPack];
+    float b0[kPack];
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) {
+        b0[j] = j < count ? bias[c0 + j] : 0.0f;
+#pragma unroll
+        for (int tap = 0; tap < 9; ++tap) w[tap][j] = j < count ? weight[(c0 + j) * 9 + tap] : 0.0f;
     }
-    y[(long long)frame * out_freq * channels + within] = f32_to_bf16(fmaxf(acc, 0.0f));
+    const float* xb = x + (long long)b * time * freq;
+    bf16_t* yf = y + (long long)frame * out_freq * channels + c0;
+    for (int f = threadIdx.y; f < out_freq; f += blockDim.y) {
+        float acc[kPack];
+#pragma unroll
+        for (int j = 0; j < kPack; ++j) acc[j] = b0[j];
+#pragma unroll
+        for (int ki = 0; ki < 3; ++ki) {
+            const int r = 2 * t + ki - 1;
+            if (r < 0 || r >= valid) continue;
+#pragma unroll
+            for (int kj = 0; kj < 3; ++kj) {
+                const int col = 2 * f + kj - 1;
+                if (col < 0 || col >= freq) continue;
+                const float v = xb[(long long)r * freq + col];
+#pragma unroll
+                for (int j = 0; j < kPack; ++j) acc[j] += w[ki * 3 + kj][j] * v;
+            }
+        }
+        Pack result;
+#pragma unroll
+        for (int j = 0; j < kPack; ++j) result.v[j] = f32_to_bf16(fmaxf(acc[j], 0.0f));
+        store_unit(yf + (long long)f * channels, result, packed, count);
+    }
 }
 
 // Depthwise convolution of every channel: x [batch, time, freq, channels] bf16 -> y
 // [batch, out_time, out_freq, channels] bf16; weight [channels, 9] f32, bias [channels] f32.
+// Each tap is one 16-byte load where packed. The block's weights are staged in dynamic shared
+// memory as [9][blockDim.x * kPack] floats (a thread's kPack weights of one tap contiguous).
 extern "C" __global__ void subsample_depthwise(const bf16_t* x, const int* lengths,
                                                const float* weight, const float* bias, int batch,
                                                int time, int freq, int channels, int out_time,
                                                int out_freq, bf16_t* y) {
+    extern __shared__ __align__(16) float block_weight[];
+    const int block_channels = blockDim.x * kPack;
+    const int first_channel = blockIdx.y * block_channels;
+    const int threads = blockDim.x * blockDim.y;
+    // weight rows of this block's channels are one contiguous range: coalesced reads.
+    for (int j = threadIdx.y * blockDim.x + threadIdx.x; j < block_channels * 9; j += threads) {
+        const int local = j / 9;
+        const int tap = j - local * 9;
+        block_weight[tap * block_channels + local] =
+            first_channel + local < channels ? weight[first_channel * 9 + j] : 0.0f;
+    }
+    __syncthreads();
+
     const int frame = blockIdx.x;
-    const int within = blockIdx.y * blockDim.x + threadIdx.x;
-    if (within >= out_freq * channels) return;
-    const int c = within % channels;
-    const int f = within / channels;
+    const int local = threadIdx.x * kPack;
+    const int c0 = first_channel + local;
+    if (c0 >= channels) return;
+    const int count = min(kPack, channels - c0);
+    const bool packed = channels % kPack == 0 && aligned16(x) && aligned16(y);
     const int t = frame % out_time;
     const int b = frame / out_time;
     const int valid = min(max(lengths[b], 0), time);
-    const float* w = weight + c * 9;
-    const bf16_t* xb = x + (long long)b * time * freq * channels + c;
-    float acc = bias[c];
-    for (int ki = 0; ki < 3; ++ki) {
-        const int r = 2 * t + ki - 1;
-        if (r < 0 || r >= valid) continue;
-        const bf16_t* row = xb + (long long)r * freq * channels;
-        for (int kj = 0; kj < 3; ++kj) {
-            const int col = 2 * f + kj - 1;
-            if (col < 0 || col >= freq) continue;
-            acc += w[ki * 3 + kj] * bf16_to_f32(row[col * channels]);
+    float b0[kPack];
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) b0[j] = j < count ? bias[c0 + j] : 0.0f;
+    const bf16_t* xb = x + (long long)b * time * freq * channels + c0;
+    bf16_t* yf = y + (long long)frame * out_freq * channels + c0;
+    for (int f = threadIdx.y; f < out_freq; f += blockDim.y) {
+        float acc[kPack];
+#pragma unroll
+        for (int j = 0; j < kPack; ++j) acc[j] = b0[j];
+#pragma unroll
+        for (int ki = 0; ki < 3; ++ki) {
+            const int r = 2 * t + ki - 1;
+            if (r < 0 || r >= valid) continue;
+            const bf16_t* row = xb + (long long)r * freq * channels;
+#pragma unroll
+            for (int kj = 0; kj < 3; ++kj) {
+                const int col = 2 * f + kj - 1;
+                if (col < 0 || col >= freq) continue;
+                const bf16_t* src = row + (long long)col * channels;
+                Pack in;
+                if (packed) {
+                    in.raw = *reinterpret_cast<const uint4*>(src);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < kPack; ++j) in.v[j] = j < count ? src[j] : (bf16_t)0;
+                }
+                const float4* w4 = reinterpret_cast<const float4*>(
+                    block_weight + (ki * 3 + kj) * block_channels + local);
+#pragma unroll
+                for (int q = 0; q < kPack / 4; ++q) {
+                    const float4 wq = w4[q];
+                    acc[4 * q + 0] += wq.x * bf16_to_f32(in.v[4 * q + 0]);
+                    acc[4 * q + 1] += wq.y * bf16_to_f32(in.v[4 * q + 1]);
+                    acc[4 * q + 2] += wq.z * bf16_to_f32(in.v[4 * q + 2]);
+                    acc[4 * q + 3] += wq.w * bf16_to_f32(in.v[4 * q + 3]);
+                }
+            }
         }
+        Pack result;
+#pragma unroll
+        for (int j = 0; j < kPack; ++j) result.v[j] = f32_to_bf16(acc[j]);
+        store_unit(yf + (long long)f * channels, result, packed, count);
     }
-    y[(long long)frame * out_freq * channels + within] = f32_to_bf16(acc);
 }
 
-// In-place ReLU over n elements (after the pointwise convolution's bias epilogue).
+__device__ __forceinline__ bf16_t relu_one(bf16_t v) {
+    return f32_to_bf16(fmaxf(bf16_to_f32(v), 0.0f));
+}
+
+// In-place ReLU over n elements (after the pointwise convolution's bias epilogue). Launch: a 1-D
+// grid-stride over 16-byte packs when x is aligned, then element-wise over the tail.
 extern "C" __global__ void relu_bf16_inplace(bf16_t* x, long long n) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        x[i] = f32_to_bf16(fmaxf(bf16_to_f32(x[i]), 0.0f));
+    const long long first = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    long long done = 0;
+    if (aligned16(x)) {
+        const long long packs = n / kPack;
+        uint4* xp = reinterpret_cast<uint4*>(x);
+        for (long long p = first; p < packs; p += stride) {
+            Pack v;
+            v.raw = xp[p];
+#pragma unroll
+            for (int j = 0; j < kPack; ++j) v.v[j] = relu_one(v.v[j]);
+            xp[p] = v.raw;
+        }
+        done = packs * kPack;
     }
+    for (long long i = done + first; i < n; i += stride) x[i] = relu_one(x[i]);
 }

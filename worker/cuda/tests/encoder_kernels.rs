@@ -87,6 +87,36 @@ fn subsampling_case<S: TestStorage>(engine: &CudaEngine) {
             },
             vec![0, 101],
         ),
+        // The encoder's channel count: whole 16-byte packs.
+        (
+            Conv2dShape {
+                batch: 1,
+                time: 20,
+                freq: 128,
+                channels: 256,
+            },
+            vec![17],
+        ),
+        // Whole packs for f32 storage only.
+        (
+            Conv2dShape {
+                batch: 2,
+                time: 9,
+                freq: 7,
+                channels: 12,
+            },
+            vec![9, 4],
+        ),
+        // Several channel blocks, the last one partial.
+        (
+            Conv2dShape {
+                batch: 1,
+                time: 6,
+                freq: 10,
+                channels: 2056,
+            },
+            vec![5],
+        ),
     ];
     for (shape, lengths_host) in cases {
         let Conv2dShape {
@@ -191,7 +221,7 @@ fn relu_inplace_clamps_exactly_the_first_n() {
 
 fn relu_case<S: TestStorage>(engine: &CudaEngine) {
     let mut rng = Rng::fresh(&format!("relu_inplace {}", S::NAME));
-    for n in [1usize, 257, 100_003] {
+    for n in [1usize, 257, 4096, 100_003] {
         let host = S::random(&mut rng, n + 5, 0.0, 3.0);
         let mut x = engine.upload(&host).expect("upload");
         engine.relu_inplace(&mut x, n).expect("relu");
@@ -358,6 +388,19 @@ fn head_split_case<S: TestStorage>(engine: &CudaEngine) {
             time: 33,
             heads: 8,
             head_dim: 128,
+        },
+        // head_dim 12: whole 16-byte packs for f32 storage only; 5: never.
+        HeadShape {
+            batch: 2,
+            time: 5,
+            heads: 3,
+            head_dim: 12,
+        },
+        HeadShape {
+            batch: 2,
+            time: 9,
+            heads: 2,
+            head_dim: 5,
         },
     ] {
         let HeadShape {

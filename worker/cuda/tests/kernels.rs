@@ -115,7 +115,8 @@ fn silu_matches_reference() {
 
 fn silu_case<S: TestStorage>(engine: &CudaEngine) {
     let mut rng = Rng::fresh(&format!("silu {}", S::NAME));
-    for n in [1usize, 33, 4097, 300_001] {
+    // Whole 16-byte packs only (4096), packs plus a tail, and tails alone.
+    for n in [1usize, 7, 33, 4096, 4097, 300_001] {
         let host = S::random(&mut rng, n, 0.0, 4.0);
         let x = engine.upload(&host).expect("upload");
         let mut y = S::poisoned(engine, n);
@@ -138,7 +139,15 @@ fn glu_matches_reference() {
 
 fn glu_case<S: TestStorage>(engine: &CudaEngine) {
     let mut rng = Rng::fresh(&format!("glu {}", S::NAME));
-    for (rows, half) in [(1usize, 1usize), (7, 33), (130, 257), (64, 512)] {
+    // half = 12 is whole packs for f32 storage only; 40 for both.
+    for (rows, half) in [
+        (1usize, 1usize),
+        (7, 33),
+        (130, 257),
+        (64, 512),
+        (5, 12),
+        (9, 40),
+    ] {
         let host = S::random(&mut rng, rows * 2 * half, 0.0, 3.0);
         let x = engine.upload(&host).expect("upload");
         let mut y = S::poisoned(engine, rows * half);
@@ -404,7 +413,7 @@ fn depthwise_conv_with_folded_batch_norm_matches_conv_then_batch_norm() {
 
 fn depthwise_case<S: TestStorage>(engine: &CudaEngine) {
     let mut rng = Rng::fresh(&format!("depthwise_conv1d {}", S::NAME));
-    let cases: [(DepthwiseShape, Vec<i32>, bool); 5] = [
+    let cases: [(DepthwiseShape, Vec<i32>, bool); 8] = [
         (
             DepthwiseShape {
                 batch: 1,
@@ -453,6 +462,39 @@ fn depthwise_case<S: TestStorage>(engine: &CudaEngine) {
                 kernel: 9,
             },
             vec![3, 0],
+            true,
+        ),
+        // Whole packs, a partly filled channel block, several time steps per thread.
+        (
+            DepthwiseShape {
+                batch: 2,
+                time: 200,
+                channels: 24,
+                kernel: 9,
+            },
+            vec![200, 111],
+            true,
+        ),
+        // Several channel blocks, the last one partial.
+        (
+            DepthwiseShape {
+                batch: 2,
+                time: 23,
+                channels: 520,
+                kernel: 9,
+            },
+            vec![23, 20],
+            false,
+        ),
+        // A kernel whose weights make the launch use narrower channel blocks.
+        (
+            DepthwiseShape {
+                batch: 1,
+                time: 40,
+                channels: 256,
+                kernel: 65,
+            },
+            vec![37],
             true,
         ),
     ];

@@ -1,8 +1,9 @@
 //! Relative-position attention helpers around the batched matmuls: head split/merge in the
 //! head-major layout `[heads, batch, time, head_dim]` and the relative-shift softmax.
 
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
+use super::activation::{pack_len, row_units_config};
 use super::{check_len, rows_for_grid, to_i32};
 use crate::device::{elementwise_config, per_row_config, CudaEngine};
 use crate::error::{CudaEngineError, Result};
@@ -94,14 +95,16 @@ impl CudaEngine {
             check_len(OP, name, buffer.len(), n)?;
         }
         check_len(OP, "v", out.v.len(), n)?;
+        let config = head_units_config::<S>(OP, shape)?;
         // SAFETY: signature (const bf16_t* qkv, const float* u, const float* v, int batch,
         // int time, int heads, int head_dim, bf16_t* q_u, bf16_t* q_v, bf16_t* k, bf16_t* v);
-        // qkv holds 3n, the outputs n, the biases d elements (checked above).
+        // qkv holds 3n, the outputs n, the biases d elements (checked above); the kernel touches
+        // columns < d of rows < batch*time only.
         unsafe {
             self.launch_as(
                 S::KIND,
                 Kernel::SplitQkvHeads,
-                elementwise_config(n),
+                config,
                 || format!("{shape:?}"),
                 |args| {
                     args.arg(qkv).arg(pos_bias_u).arg(pos_bias_v);
@@ -274,13 +277,15 @@ impl CudaEngine {
         let n = shape.elements();
         check_len(OP, "ctx", ctx.len(), n)?;
         check_len(OP, "out", out.len(), n)?;
+        let config = head_units_config::<S>(OP, shape)?;
         // SAFETY: signature (const bf16_t* ctx, int batch, int time, int heads, int head_dim,
-        // bf16_t* out); both hold batch*time*d elements.
+        // bf16_t* out); both hold batch*time*d elements, and the kernel touches columns < d of
+        // rows < batch*time only.
         unsafe {
             self.launch_as(
                 S::KIND,
                 Kernel::MergeHeads,
-                elementwise_config(n),
+                config,
                 || format!("{shape:?}"),
                 |args| {
                     args.arg(ctx);
@@ -292,4 +297,15 @@ impl CudaEngine {
             )
         }
     }
+}
+
+/// Launch shape of split_qkv_heads and merge_heads: one 16-byte pack of `d` per thread, one row
+/// per `(b, t)`; the kernels index rows with an `int`.
+fn head_units_config<S: Storage>(op: &'static str, shape: HeadShape) -> Result<LaunchConfig> {
+    let rows = shape.batch * shape.time;
+    to_i32(op, "batch * time", rows)?;
+    Ok(row_units_config(
+        shape.d_model().div_ceil(pack_len::<S>()),
+        rows,
+    ))
 }

@@ -1,10 +1,11 @@
 //! Depthwise 1-D convolution over time (BatchNorm folded in, see [`crate::fold_batch_norm`])
 //! with padding-frame masking and an optional fused SiLU.
 
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
+use super::activation::pack_len;
 use super::{check_len, to_i32};
-use crate::device::{elementwise_config, CudaEngine};
+use crate::device::{CudaEngine, BLOCK_THREADS};
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
 use crate::storage::Storage;
@@ -17,6 +18,44 @@ pub struct DepthwiseShape {
     pub time: usize,
     pub channels: usize,
     pub kernel: usize,
+}
+
+/// Channel units (16-byte packs) per block at most: one warp across 256 bf16 channels.
+const MAX_BLOCK_UNITS: usize = 32;
+/// Time steps each thread computes (the block's staged weights serve them all).
+const STEPS_PER_THREAD: usize = 4;
+/// The default dynamic shared memory limit of one block.
+const MAX_SHARED_BYTES: usize = 48 * 1024;
+
+impl DepthwiseShape {
+    /// x: channel units (fewer per block when the block's weights would not fit shared memory),
+    /// y: time, z: batch; shared memory holds the block's weights as f32.
+    fn launch_config(&self, op: &'static str, pack: usize) -> Result<LaunchConfig> {
+        let units = self.channels.div_ceil(pack);
+        let shared_bytes = |block_units: usize| block_units * pack * self.kernel * 4;
+        let mut block_units = units.min(MAX_BLOCK_UNITS);
+        while block_units > 1 && shared_bytes(block_units) > MAX_SHARED_BYTES {
+            block_units /= 2;
+        }
+        if shared_bytes(block_units) > MAX_SHARED_BYTES {
+            return Err(CudaEngineError::Shape {
+                op,
+                detail: format!("{self:?}: the kernel's weights do not fit shared memory"),
+            });
+        }
+        let block_x = block_units as u32;
+        let block_y = BLOCK_THREADS / block_x;
+        let steps = block_y as usize * STEPS_PER_THREAD;
+        Ok(LaunchConfig {
+            grid_dim: (
+                units.div_ceil(block_units) as u32,
+                self.time.div_ceil(steps).clamp(1, 65_535) as u32,
+                self.batch.clamp(1, 65_535) as u32,
+            ),
+            block_dim: (block_x, block_y, 1),
+            shared_mem_bytes: shared_bytes(block_units) as u32,
+        })
+    }
 }
 
 impl CudaEngine {
@@ -60,14 +99,17 @@ impl CudaEngine {
             to_i32(OP, "kernel", kernel)?,
             i32::from(apply_silu),
         ];
+        let config = shape.launch_config(OP, pack_len::<S>())?;
         // SAFETY: signature (const bf16_t*, const float*, const float*, const int*, int batch,
         // int time, int channels, int kernel, int apply_silu, bf16_t*); x and y hold
-        // batch*time*channels elements, weight channels*kernel, bias channels, lengths batch.
+        // batch*time*channels elements, weight channels*kernel, bias channels, lengths batch;
+        // the kernel guards every index by these dimensions, and the dynamic shared memory holds
+        // kernel * blockDim.x * pack floats, the weights it stages.
         unsafe {
             self.launch_as(
                 S::KIND,
                 Kernel::DepthwiseConv1d,
-                elementwise_config(elements),
+                config,
                 || format!("{shape:?} silu={apply_silu}"),
                 |args| {
                     args.arg(x).arg(weight).arg(bias).arg(lengths);

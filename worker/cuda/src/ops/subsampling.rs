@@ -2,11 +2,16 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
+use super::activation::pack_len;
 use super::{check_len, rows_for_grid, to_i32, to_i64};
 use crate::device::{elementwise_config, CudaEngine, BLOCK_THREADS};
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
 use crate::storage::Storage;
+
+/// Channel units per block at most; bounds the depthwise kernel's staged weights to
+/// `64 * 8 * 9` f32 (18 KiB).
+const MAX_BLOCK_UNITS: usize = 64;
 
 /// Output length of one `kernel 3, stride 2, padding 1` convolution.
 pub fn stride2_out_len(n: usize) -> usize {
@@ -40,21 +45,26 @@ impl Conv2dShape {
         self.batch * self.out_time() * self.out_freq() * self.channels
     }
 
-    /// One block row per output frame, `BLOCK_THREADS`-wide column blocks over `freq x channels`.
-    fn launch_config(&self, op: &'static str) -> Result<LaunchConfig> {
+    /// x: one output frame per block; y: groups of `block_x` channel units (16-byte packs of
+    /// `pack` channels); the block's `BLOCK_THREADS / block_x` rows of threads stride over the
+    /// frame's output columns. Dynamic shared memory: the block's 3x3 weights as f32 (read by
+    /// the depthwise kernel only).
+    fn launch_config(&self, op: &'static str, pack: usize) -> Result<LaunchConfig> {
         let frames = rows_for_grid(op, self.batch * self.out_time())?;
-        let per_frame = self.out_freq() * self.channels;
-        let column_blocks = u32::try_from(per_frame.div_ceil(BLOCK_THREADS as usize))
+        let units = self.channels.div_ceil(pack);
+        let block_units = units.clamp(1, MAX_BLOCK_UNITS);
+        let channel_blocks = u32::try_from(units.div_ceil(block_units))
             .ok()
             .filter(|&n| n <= 65_535)
             .ok_or_else(|| CudaEngineError::Shape {
                 op,
-                detail: format!("{self:?}: {per_frame} outputs per frame exceed the grid"),
+                detail: format!("{self:?}: too many channels for the grid"),
             })?;
+        let block_x = block_units as u32;
         Ok(LaunchConfig {
-            grid_dim: (frames, column_blocks, 1),
-            block_dim: (BLOCK_THREADS, 1, 1),
-            shared_mem_bytes: 0,
+            grid_dim: (frames, channel_blocks, 1),
+            block_dim: (block_x, BLOCK_THREADS / block_x, 1),
+            shared_mem_bytes: (block_units * pack * 9 * 4) as u32,
         })
     }
 
@@ -91,7 +101,9 @@ impl CudaEngine {
     ) -> Result<()> {
         const OP: &str = "subsample_conv0_relu";
         let dims = shape.kernel_args(OP)?;
-        let config = shape.launch_config(OP)?;
+        let mut config = shape.launch_config(OP, pack_len::<S>())?;
+        // This kernel keeps its weights in registers.
+        config.shared_mem_bytes = 0;
         check_len(OP, "x", x.len(), shape.batch * shape.time * shape.freq)?;
         check_conv_params(OP, lengths, weight, bias, shape)?;
         let n = shape.out_elements();
@@ -99,7 +111,8 @@ impl CudaEngine {
         // SAFETY: signature (const float* x, const int* lengths, const float* weight,
         // const float* bias, int batch, int time, int freq, int channels, int out_time,
         // int out_freq, bf16_t* y); every buffer was checked against these dimensions above, and
-        // the grid covers exactly the output frames (threads past a frame's end return).
+        // the grid covers exactly the output frames and channel units (threads past the
+        // channels return).
         unsafe {
             self.launch_as(
                 S::KIND,
@@ -130,7 +143,7 @@ impl CudaEngine {
     ) -> Result<()> {
         const OP: &str = "subsample_depthwise";
         let dims = shape.kernel_args(OP)?;
-        let config = shape.launch_config(OP)?;
+        let config = shape.launch_config(OP, pack_len::<S>())?;
         check_len(
             OP,
             "x",
@@ -142,8 +155,9 @@ impl CudaEngine {
         check_len(OP, "y", y.len(), n)?;
         // SAFETY: signature (const bf16_t* x, const int* lengths, const float* weight,
         // const float* bias, int batch, int time, int freq, int channels, int out_time,
-        // int out_freq, bf16_t* y); every buffer was checked against these dimensions above, and
-        // the grid covers exactly the output frames (threads past a frame's end return).
+        // int out_freq, bf16_t* y); every buffer was checked against these dimensions above, the
+        // grid covers exactly the output frames and channel units (threads past the channels
+        // return) and the shared memory holds the block's 9 * blockDim.x * pack weights.
         unsafe {
             self.launch_as(
                 S::KIND,
@@ -169,12 +183,13 @@ impl CudaEngine {
             return Ok(());
         }
         let count = to_i64(OP, "n", n)?;
-        // SAFETY: signature (bf16_t* x, long long n); x holds at least n elements.
+        // SAFETY: signature (bf16_t* x, long long n); x holds at least n elements and the
+        // kernel's grid-stride loops touch only indices < n, whatever the grid.
         unsafe {
             self.launch_as(
                 S::KIND,
                 Kernel::ReluInplace,
-                elementwise_config(n),
+                elementwise_config(n.div_ceil(pack_len::<S>())),
                 || format!("n={n}"),
                 |args| {
                     args.arg(x).arg(&count);
