@@ -62,6 +62,12 @@ if has offline; then
       OFFLINE_OUT=$A/offline_${run/:/_}.jsonl OFFLINE_BATCH=${run%%:*} OFFLINE_FEATURES=${run##*:} \
       REQUIRE_CUDA=1 timeout 120 "$BIN/offline_bench" --ignored --nocapture 2>&1 | grep RESULT
   done
+  # PyTorch bf16 on the same clips in the same call (side by side), timed the same way.
+  for b in ${PYTORCH_BATCHES:-16 64}; do
+    python3 scripts/bench/pytorch_transcribe.py --model "$A/parakeet-calibrated.nemo" \
+      --manifest "$A/clips/manifest.jsonl" --dtype bf16 --batch-size "$b" --time \
+      --out "$A/pytorch_rtfx_b$b.jsonl" --summary "$A/pytorch_rtfx_b$b.json" 2>&1 | grep RESULT
+  done
 fi
 
 if has profile; then

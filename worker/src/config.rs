@@ -102,7 +102,7 @@ pub struct ServeArgs {
     pub cuda_diar_precision: CudaPrecisionArg,
     /// Caps each of the CUDA encoder's two subsampling scratch buffers (MiB); larger batches
     /// are subsampled in groups of utterances, saving GPU memory. 0: no cap.
-    #[arg(long, env = "WORKER_CUDA_SUBSAMPLING_SCRATCH_MIB", default_value_t = 0)]
+    #[arg(long, env = "WORKER_CUDA_SUBSAMPLING_SCRATCH_MIB", default_value_t = 256)]
     pub cuda_subsampling_scratch_mib: usize,
     /// Batch sizes the batcher fills to (it runs the largest one reached at once).
     #[arg(
@@ -184,8 +184,8 @@ impl ServeArgs {
                     CudaFeaturesArg::Device => FeatureLocation::Device,
                 },
                 subsampling_scratch_bytes: match self.cuda_subsampling_scratch_mib {
-                    0 => None,
-                    mib => Some(mib << 20),
+                    0 => usize::MAX,
+                    mib => mib << 20,
                 },
                 precision: self.cuda_encoder_precision.into(),
             },

@@ -21,7 +21,8 @@ pub struct CudaSettings {
     pub graph_max_seconds: f64,
     pub features: FeatureLocation,
     pub precision: EncoderPrecision,
-    pub subsampling_scratch_bytes: Option<usize>,
+    /// Cap of each subsampling scratch buffer (`usize::MAX`: none).
+    pub subsampling_scratch_bytes: usize,
 }
 
 pub struct CudaEngine {
@@ -35,9 +36,7 @@ impl CudaEngine {
         let mut model = GpuParakeet::load_with(path, settings.device, settings.precision)
             .map_err(WorkerError::Cuda)?;
         model.set_feature_location(settings.features);
-        if let Some(bytes) = settings.subsampling_scratch_bytes {
-            model.set_subsampling_scratch_limit_bytes(bytes);
-        }
+        model.set_subsampling_scratch_limit_bytes(settings.subsampling_scratch_bytes);
         let probe = model.engine().probe().map_err(WorkerError::Cuda)?;
         tracing::info!(device = %probe.summary(), "CUDA engine loaded");
         model

@@ -81,40 +81,26 @@ extern "C" __global__ void split_qkv_heads(const bf16_t* qkv, const float* pos_b
     }
 }
 
-// p [positions, d] bf16 -> p_heads [heads, batch, positions, head_dim]: the projected position
-// table, repeated per batch entry so the bd product is one batched matmul like QK^T.
-extern "C" __global__ void split_pos_heads(const bf16_t* p, int batch, int positions, int heads,
-                                           int head_dim, bf16_t* p_heads) {
-    const int d = heads * head_dim;
-    const long long n = (long long)heads * batch * positions * head_dim;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        const int e = (int)(i % head_dim);
-        long long rest = i / head_dim;
-        const int pos = (int)(rest % positions);
-        rest /= positions;  // h * batch + b
-        const int h = (int)(rest / batch);
-        p_heads[i] = p[(long long)pos * d + h * head_dim + e];
-    }
-}
-
-// One block per score row (hb, i). ac [hb, time, time] = (q+u)K^T, bd [hb, time, 2*time-1] =
+// One block per score row (hb, i). ac [hb, time, score_row] = (q+u)K^T, bd [hb, time, bd_row] =
 // (q+v)P^T with table row c holding relative position time-1-c, so key j of query i uses column
-// time-1-i+j (the relative shift). probs = softmax(scale * (ac + bd)) over keys j < lengths[b];
-// masked keys, and every key of query rows i >= lengths[b], get exactly 0.
+// time-1-i+j (the relative shift). probs [hb, time, score_row] = softmax(scale * (ac + bd)) over
+// keys j < lengths[b]; masked keys, and every key of query rows i >= lengths[b], get exactly 0.
+// Row strides are padded (>= time, >= 2*time-1) so every row starts 16-byte aligned for the
+// matmuls; columns past `time` are never read or written.
 extern "C" __global__ void rel_pos_softmax(const float* ac, const float* bd, const int* lengths,
-                                           float scale, int batch, int time, bf16_t* probs) {
+                                           float scale, int batch, int time, int score_row,
+                                           int bd_row, bf16_t* probs) {
     const long long row = blockIdx.x;
     const int i = (int)(row % time);
     const int b = (int)((row / time) % batch);
     const int valid = min(max(lengths[b], 0), time);
-    bf16_t* out = probs + row * time;
+    bf16_t* out = probs + row * score_row;
     if (i >= valid) {
         for (int j = threadIdx.x; j < time; j += blockDim.x) out[j] = 0;
         return;
     }
-    const float* a = ac + row * time;
-    const float* s = bd + row * (2LL * time - 1) + (time - 1 - i);
+    const float* a = ac + row * score_row;
+    const float* s = bd + row * bd_row + (time - 1 - i);
     float m = -F32_INFINITY;
     for (int j = threadIdx.x; j < valid; j += blockDim.x) m = fmaxf(m, (a[j] + s[j]) * scale);
     m = block_max(m);
@@ -156,7 +142,7 @@ extern "C" __global__ void merge_heads(const bf16_t* ctx, int batch, int time, i
 }
 
 // Local (banded) variant, NeMo rel_pos_local_attn without global tokens. Query i sees keys
-// i-left ..= i+right inside the utterance; bd [hb, time, left+right+1] is (q+v)P_band^T with the
+// i-left ..= i+right inside the utterance; bd [hb, time, bd_row] is (q+v)P_band^T with the
 // band table of positions left, ..., -right. Band column c = j - i + w (w = max(left, right))
 // takes bd column c when c < left, column left + c - (2w - right) when c >= 2w - right, and no bd
 // term otherwise (NeMo's placement, mirrored from the CPU reference). Keys outside the window get
@@ -175,12 +161,13 @@ __device__ __forceinline__ float local_score(const float* a, const float* s, int
 
 extern "C" __global__ void local_rel_pos_softmax(const float* ac, const float* bd,
                                                  const int* lengths, float scale, int batch,
-                                                 int time, int left, int right, bf16_t* probs) {
+                                                 int time, int left, int right, int score_row,
+                                                 int bd_row, bf16_t* probs) {
     const long long row = blockIdx.x;
     const int i = (int)(row % time);
     const int b = (int)((row / time) % batch);
     const int valid = min(max(lengths[b], 0), time);
-    bf16_t* out = probs + row * time;
+    bf16_t* out = probs + row * score_row;
     if (i >= valid) {
         for (int j = threadIdx.x; j < time; j += blockDim.x) out[j] = 0;
         return;
@@ -188,8 +175,8 @@ extern "C" __global__ void local_rel_pos_softmax(const float* ac, const float* b
     const int w = max(left, right);
     const int lo = max(i - left, 0);
     const int hi = min(i + right + 1, valid);
-    const float* a = ac + row * time;
-    const float* s = bd + row * (long long)(left + right + 1);
+    const float* a = ac + row * score_row;
+    const float* s = bd + row * bd_row;
     float m = -F32_INFINITY;
     for (int j = lo + threadIdx.x; j < hi; j += blockDim.x) {
         m = fmaxf(m, local_score(a, s, i, j, left, right, w, scale));
@@ -204,5 +191,53 @@ extern "C" __global__ void local_rel_pos_softmax(const float* ac, const float* b
         out[j] = (j >= lo && j < hi)
                      ? f32_to_bf16(expf(local_score(a, s, i, j, left, right, w, scale) - m) * inv)
                      : (bf16_t)0;
+    }
+}
+
+// rel_pos_softmax for rows of at most 32 * REL_POS_WARP_VALUES keys: one warp per score row,
+// each lane keeping its scores in registers, so ac and bd are read once and no block-wide
+// barrier is needed (the block-per-row kernel above re-reads them and synchronises 256 threads
+// for a few hundred keys). Same arguments plus the total row count; same results up to the
+// summation order of the softmax denominator.
+#define REL_POS_WARP_VALUES 32
+
+extern "C" __global__ void rel_pos_softmax_warp(const float* ac, const float* bd,
+                                                const int* lengths, float scale, int batch,
+                                                int time, int score_row, int bd_row,
+                                                long long rows, bf16_t* probs) {
+    const int lane = threadIdx.x & 31;
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= rows) return;
+    const int i = (int)(row % time);
+    const int b = (int)((row / time) % batch);
+    const int valid = min(max(lengths[b], 0), time);
+    bf16_t* out = probs + row * score_row;
+    if (i >= valid) {
+        for (int j = lane; j < time; j += 32) out[j] = 0;
+        return;
+    }
+    const float* a = ac + row * score_row;
+    const float* s = bd + row * bd_row + (time - 1 - i);
+    float v[REL_POS_WARP_VALUES];
+    float m = -F32_INFINITY;
+#pragma unroll
+    for (int r = 0; r < REL_POS_WARP_VALUES; ++r) {
+        const int j = lane + 32 * r;
+        v[r] = j < valid ? (a[j] + s[j]) * scale : -F32_INFINITY;
+        m = fmaxf(m, v[r]);
+    }
+    m = warp_max(m);
+    float sum = 0.0f;
+#pragma unroll
+    for (int r = 0; r < REL_POS_WARP_VALUES; ++r) {
+        const int j = lane + 32 * r;
+        v[r] = j < valid ? expf(v[r] - m) : 0.0f;
+        sum += v[r];
+    }
+    const float inv = 1.0f / warp_sum(sum);
+#pragma unroll
+    for (int r = 0; r < REL_POS_WARP_VALUES; ++r) {
+        const int j = lane + 32 * r;
+        if (j < time) out[j] = j < valid ? f32_to_bf16(v[r] * inv) : (bf16_t)0;
     }
 }

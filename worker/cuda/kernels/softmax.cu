@@ -1,18 +1,19 @@
 // Row softmax of attention scores with a length mask, one block per row.
 //
-// scores: [batch, heads, tq, tk] f32; lengths: [batch] valid frames per utterance.
-// probs:  same shape, bf16. Key columns c >= len and every column of query rows q >= len are 0,
-// as NeMo zeroes masked attention weights after its softmax. `scale` multiplies the scores first.
+// scores: [batch, heads, tq, row_stride] f32 (row_stride >= tk); lengths: [batch] valid frames
+// per utterance. probs: same layout, bf16. Key columns c >= len and every column of query rows
+// q >= len are 0, as NeMo zeroes masked attention weights after its softmax. `scale` multiplies
+// the scores first. Columns tk ..< row_stride are neither read nor written.
 
 extern "C" __global__ void masked_softmax_f32_bf16(const float* scores, const int* lengths,
                                                    float scale, int heads, int tq, int tk,
-                                                   bf16_t* probs) {
+                                                   int row_stride, bf16_t* probs) {
     const long long row = blockIdx.x;
     const int q = (int)(row % tq);
     const int b = (int)(row / ((long long)heads * tq));
     const int valid = min(max(lengths[b], 0), tk);
-    const float* s = scores + row * tk;
-    bf16_t* p = probs + row * tk;
+    const float* s = scores + row * row_stride;
+    bf16_t* p = probs + row * row_stride;
 
     if (q >= valid) {
         for (int c = threadIdx.x; c < tk; c += blockDim.x) p[c] = 0;

@@ -99,8 +99,8 @@ pub(crate) enum Kernel {
     AddLayerNormF32,
     AddLayerNormF32Inplace,
     SplitQkvHeads,
-    SplitPosHeads,
     RelPosSoftmax,
+    RelPosSoftmaxWarp,
     LocalRelPosSoftmax,
     MergeHeads,
     TdtReset,
@@ -130,8 +130,8 @@ impl Kernel {
         Kernel::AddLayerNormF32,
         Kernel::AddLayerNormF32Inplace,
         Kernel::SplitQkvHeads,
-        Kernel::SplitPosHeads,
         Kernel::RelPosSoftmax,
+        Kernel::RelPosSoftmaxWarp,
         Kernel::LocalRelPosSoftmax,
         Kernel::MergeHeads,
         Kernel::TdtReset,
@@ -162,8 +162,8 @@ impl Kernel {
             Kernel::AddLayerNormF32 => "add_layer_norm_f32_bf16",
             Kernel::AddLayerNormF32Inplace => "add_layer_norm_f32_inplace",
             Kernel::SplitQkvHeads => "split_qkv_heads",
-            Kernel::SplitPosHeads => "split_pos_heads",
             Kernel::RelPosSoftmax => "rel_pos_softmax",
+            Kernel::RelPosSoftmaxWarp => "rel_pos_softmax_warp",
             Kernel::LocalRelPosSoftmax => "local_rel_pos_softmax",
             Kernel::MergeHeads => "merge_heads",
             Kernel::TdtReset => "tdt_reset",
@@ -191,8 +191,8 @@ impl Kernel {
                 KernelModule::ResidualNorm
             }
             Kernel::SplitQkvHeads
-            | Kernel::SplitPosHeads
             | Kernel::RelPosSoftmax
+            | Kernel::RelPosSoftmaxWarp
             | Kernel::LocalRelPosSoftmax
             | Kernel::MergeHeads => KernelModule::Attention,
             Kernel::TdtReset

@@ -34,10 +34,10 @@ pub use error::{CudaEngineError, Result};
 pub use features::{DeviceFeatures, FeatureLayout, GpuFeatures};
 pub use fold::{fold_batch_norm, BatchNorm, FoldedDepthwise};
 pub use half::bf16;
-pub use matmul::{BLayout, MatmulInput, MatmulOutput, MatmulSpec};
+pub use matmul::{BLayout, MatmulInput, MatmulOutput, MatmulSpec, MatmulStrides};
 pub use ops::{
     stride2_out_len, AttentionShape, Conv2dShape, DepthwiseShape, HeadShape, LayerNormWeights,
-    QkvHeads, Residual, ResidualF32, RowShape,
+    QkvHeads, Residual, ResidualF32, RowShape, ScoreRows, REL_POS_WARP_KEYS,
 };
 pub use parakeet::{EncoderPrecision, FeatureLocation, GpuParakeet, PhaseTimes};
 pub use probe::DeviceProbe;

@@ -5,9 +5,10 @@
 //! column-major `c x r` matrix, so `out[M,N] = a[M,K] . op(b)` is computed as the column-major
 //! product `outᵀ (N x M) = op(b)ᵀ . aᵀ`, i.e. cuBLASLt's A is our `b` and its B is our `a`.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::mem;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use cudarc::cublas::sys::cublasOperation_t;
 use cudarc::cublaslt::result::{self as lt, CublasError};
@@ -19,7 +20,7 @@ use crate::device::CudaEngine;
 use crate::error::{CudaEngineError, DriverContext, Result};
 
 /// How the second operand `b` is stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BLayout {
     /// `b` is `[n, k]` (an `nn.Linear` weight, or attention keys): `out = a . bᵀ`.
     NByK,
@@ -38,6 +39,39 @@ pub struct MatmulSpec {
     /// One `b` for every batch entry (a weight) instead of one per entry.
     pub b_shared: bool,
     pub alpha: f32,
+    /// Row and batch strides where they are not the dense ones.
+    pub strides: MatmulStrides,
+}
+
+/// Strides in elements; `None` is the dense layout. Padded rows keep cuBLASLt on its fast,
+/// 16-byte-aligned kernels (a 375-column f32 row is only 4-byte aligned), and a batch stride
+/// smaller than a matrix reads one column block of a wider buffer per batch entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct MatmulStrides {
+    /// Row stride of `a` (dense: `k`); its batch stride is `m` rows.
+    pub a_row: Option<usize>,
+    /// Row stride of `b` (dense: `k` for [`BLayout::NByK`], `n` for [`BLayout::KByN`]).
+    pub b_row: Option<usize>,
+    /// Batch stride of `b` (dense: one whole `b`; 0 when shared).
+    pub b_batch: Option<usize>,
+    /// Row stride of `out` (dense: `n`); its batch stride is `m` rows.
+    pub out_row: Option<usize>,
+}
+
+/// What one matmul addresses in one buffer (strides in elements).
+#[derive(Debug, Clone, Copy)]
+struct Extent {
+    row: usize,
+    batch: usize,
+    rows: usize,
+    cols: usize,
+}
+
+impl Extent {
+    /// Elements from the first addressed to one past the last.
+    fn span(&self, batches: usize) -> usize {
+        (batches - 1) * self.batch + (self.rows - 1) * self.row + self.cols
+    }
 }
 
 impl MatmulSpec {
@@ -51,19 +85,59 @@ impl MatmulSpec {
             b_layout: BLayout::NByK,
             b_shared: true,
             alpha: 1.0,
+            strides: MatmulStrides::default(),
+        }
+    }
+
+    /// `a`: `[batch, m, k]`, rows `a_row` apart.
+    fn a_extent(&self) -> Extent {
+        let row = self.strides.a_row.unwrap_or(self.k);
+        Extent {
+            row,
+            batch: self.m * row,
+            rows: self.m,
+            cols: self.k,
+        }
+    }
+
+    /// `b`: `[n, k]` or `[k, n]`, rows `b_row` apart, one per batch entry unless shared.
+    fn b_extent(&self) -> Extent {
+        let (rows, cols) = match self.b_layout {
+            BLayout::NByK => (self.n, self.k),
+            BLayout::KByN => (self.k, self.n),
+        };
+        let row = self.strides.b_row.unwrap_or(cols);
+        let dense_batch = if self.b_shared { 0 } else { rows * row };
+        Extent {
+            row,
+            batch: self.strides.b_batch.unwrap_or(dense_batch),
+            rows,
+            cols,
+        }
+    }
+
+    /// `out`: `[batch, m, n]`, rows `out_row` apart.
+    fn out_extent(&self) -> Extent {
+        let row = self.strides.out_row.unwrap_or(self.n);
+        Extent {
+            row,
+            batch: self.m * row,
+            rows: self.m,
+            cols: self.n,
         }
     }
 
     fn describe(&self) -> String {
         format!(
-            "batch={} m={} n={} k={} b={:?}{} alpha={}",
+            "batch={} m={} n={} k={} b={:?}{} alpha={} strides={:?}",
             self.batch,
             self.m,
             self.n,
             self.k,
             self.b_layout,
             if self.b_shared { " shared" } else { "" },
-            self.alpha
+            self.alpha,
+            self.strides
         )
     }
 }
@@ -109,6 +183,27 @@ pub(crate) struct Blas {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
     stream: Arc<CudaStream>,
+    /// The heuristic's first choice per problem, asked once: the query costs host time, and a
+    /// forward pass makes ~150 products.
+    algos: Mutex<HashMap<AlgoKey, sys::cublasLtMatmulAlgo_t>>,
+}
+
+/// Everything the heuristic's answer depends on. Pointers are whole device allocations here,
+/// always 256-byte aligned (the heuristic's default assumption).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct AlgoKey {
+    batch: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    b_layout: BLayout,
+    b_batch: usize,
+    a_row: usize,
+    b_row: usize,
+    out_row: usize,
+    input: sys::cudaDataType,
+    output: sys::cudaDataType,
+    bias: bool,
 }
 
 // SAFETY: a cuBLASLt handle is not bound to the thread that created it; the engine that owns it
@@ -131,7 +226,61 @@ impl Blas {
             handle,
             workspace,
             stream,
+            algos: Mutex::new(HashMap::new()),
         })
+    }
+}
+
+impl Blas {
+    /// The cached algorithm for `key`, else the heuristic's first choice for these descriptors
+    /// (split-K reductions in the fp32 compute type only), cached. Errors name the failing call.
+    fn algo(
+        &self,
+        key: AlgoKey,
+        desc: &Desc,
+        [layout_a, layout_b, layout_d]: [&Layout; 3],
+    ) -> std::result::Result<sys::cublasLtMatmulAlgo_t, (&'static str, CublasError)> {
+        let cache = || self.algos.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(algo) = cache().get(&key) {
+            return Ok(*algo);
+        }
+        let workspace_bytes = self.workspace.len();
+        let pref = Pref::new().map_err(|e| ("cublasLtMatmulPreferenceCreate", e))?;
+        pref.set(
+            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            &workspace_bytes,
+        )
+        .map_err(|e| ("cublasLtMatmulPreferenceSetAttribute", e))?;
+        // Split-K algorithms may sum their partial products in the output type (the in-place and
+        // output-type reduction schemes); with bf16 output that rounds every partial sum. Allow
+        // only reductions in the fp32 compute type (or none).
+        let reduction_schemes =
+            sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
+        pref.set(
+            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+            &reduction_schemes,
+        )
+        .map_err(|e| {
+            (
+                "cublasLtMatmulPreferenceSetAttribute(REDUCTION_SCHEME_MASK)",
+                e,
+            )
+        })?;
+        // SAFETY: every descriptor is alive for the duration of the call.
+        let heuristic = unsafe {
+            lt::get_matmul_algo_heuristic(
+                self.handle,
+                desc.0,
+                layout_a.0,
+                layout_b.0,
+                layout_d.0,
+                layout_d.0,
+                pref.0,
+            )
+        }
+        .map_err(|e| ("cublasLtMatmulAlgoGetHeuristic", e))?;
+        cache().insert(key, heuristic.algo);
+        Ok(heuristic.algo)
     }
 }
 
@@ -180,26 +329,26 @@ impl CudaEngine {
         );
 
         // cuBLASLt's A = our b, B = our a, D = our out (see the module comment).
-        let (a_rows, a_cols, lda, transa) = match spec.b_layout {
-            BLayout::NByK => (k, n, k as i64, cublasOperation_t::CUBLAS_OP_T),
-            BLayout::KByN => (n, k, n as i64, cublasOperation_t::CUBLAS_OP_N),
+        let (our_a, our_b, our_out) = (spec.a_extent(), spec.b_extent(), spec.out_extent());
+        let (a_rows, a_cols, transa) = match spec.b_layout {
+            BLayout::NByK => (k, n, cublasOperation_t::CUBLAS_OP_T),
+            BLayout::KByN => (n, k, cublasOperation_t::CUBLAS_OP_N),
         };
-        let b_stride = if spec.b_shared { 0 } else { (n * k) as i64 };
-        let layout_a = Layout::new(I::DATA_TYPE, a_rows, a_cols, lda)
+        let layout_a = Layout::new(I::DATA_TYPE, a_rows, a_cols, our_b.row as i64)
             .map_err(fail("cublasLtMatrixLayoutCreate"))?;
-        let layout_b = Layout::new(I::DATA_TYPE, k, m, k as i64)
+        let layout_b = Layout::new(I::DATA_TYPE, k, m, our_a.row as i64)
             .map_err(fail("cublasLtMatrixLayoutCreate"))?;
-        let layout_d = Layout::new(O::DATA_TYPE, n, m, n as i64)
+        let layout_d = Layout::new(O::DATA_TYPE, n, m, our_out.row as i64)
             .map_err(fail("cublasLtMatrixLayoutCreate"))?;
         if batch > 1 {
             layout_a
-                .set_batch(batch, b_stride)
+                .set_batch(batch, our_b.batch as i64)
                 .map_err(fail("cublasLtMatrixLayoutSetAttribute"))?;
             layout_b
-                .set_batch(batch, (m * k) as i64)
+                .set_batch(batch, our_a.batch as i64)
                 .map_err(fail("cublasLtMatrixLayoutSetAttribute"))?;
             layout_d
-                .set_batch(batch, (m * n) as i64)
+                .set_batch(batch, our_out.batch as i64)
                 .map_err(fail("cublasLtMatrixLayoutSetAttribute"))?;
         }
 
@@ -231,38 +380,23 @@ impl CudaEngine {
         }
 
         let workspace_bytes = blas.workspace.len();
-        let pref = Pref::new().map_err(fail("cublasLtMatmulPreferenceCreate"))?;
-        pref.set(
-            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-            &workspace_bytes,
-        )
-        .map_err(fail("cublasLtMatmulPreferenceSetAttribute"))?;
-        // Split-K algorithms may sum their partial products in the output type (the in-place and
-        // output-type reduction schemes); with bf16 output that rounds every partial sum. Allow
-        // only reductions in the fp32 compute type (or none).
-        let reduction_schemes =
-            sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
-        pref.set(
-            sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-            &reduction_schemes,
-        )
-        .map_err(fail(
-            "cublasLtMatmulPreferenceSetAttribute(REDUCTION_SCHEME_MASK)",
-        ))?;
-
-        // SAFETY: every descriptor is alive for the duration of the call.
-        let heuristic = unsafe {
-            lt::get_matmul_algo_heuristic(
-                blas.handle,
-                desc.0,
-                layout_a.0,
-                layout_b.0,
-                layout_d.0,
-                layout_d.0,
-                pref.0,
-            )
-        }
-        .map_err(fail("cublasLtMatmulAlgoGetHeuristic"))?;
+        let key = AlgoKey {
+            batch: spec.batch,
+            m: spec.m,
+            n: spec.n,
+            k: spec.k,
+            b_layout: spec.b_layout,
+            b_batch: our_b.batch,
+            a_row: our_a.row,
+            b_row: our_b.row,
+            out_row: our_out.row,
+            input: I::DATA_TYPE,
+            output: O::DATA_TYPE,
+            bias: bias.is_some(),
+        };
+        let algo = blas
+            .algo(key, &desc, [&layout_a, &layout_b, &layout_d])
+            .map_err(|(call, source)| fail(call)(source))?;
 
         self.stream()
             .context()
@@ -291,7 +425,7 @@ impl CudaEngine {
                 layout_d.0,
                 d_ptr as *mut c_void,
                 layout_d.0,
-                &heuristic.algo,
+                &algo,
                 w_ptr as *mut c_void,
                 workspace_bytes,
                 stream.cu_stream() as sys::cudaStream_t,
@@ -319,13 +453,19 @@ fn validate(
     if dims.iter().any(|&d| d > i32::MAX as usize) {
         return Err(shape_error("dimensions must fit in 32 bits".into()));
     }
-    let b_batches = if spec.b_shared { 1 } else { spec.batch };
     let needs = [
-        ("a", a_len, spec.batch * spec.m * spec.k),
-        ("b", b_len, b_batches * spec.n * spec.k),
-        ("out", out_len, spec.batch * spec.m * spec.n),
+        ("a", a_len, spec.a_extent()),
+        ("b", b_len, spec.b_extent()),
+        ("out", out_len, spec.out_extent()),
     ];
-    for (name, have, need) in needs {
+    for (name, have, extent) in needs {
+        if extent.row < extent.cols {
+            return Err(shape_error(format!(
+                "{name}'s row stride {} is shorter than its {} columns",
+                extent.row, extent.cols
+            )));
+        }
+        let need = extent.span(spec.batch);
         if have < need {
             return Err(shape_error(format!(
                 "{name} holds {have} elements, needs {need}"

@@ -181,7 +181,14 @@ fn bench_encoder_shapes() {
     let t = median_us(&engine, |i| {
         let s = i % 2;
         engine
-            .masked_softmax(&scores[s], &lengths, 0.125, attention, &mut probs[s])
+            .masked_softmax(
+                &scores[s],
+                &lengths,
+                0.125,
+                attention,
+                FRAMES,
+                &mut probs[s],
+            )
             .expect("softmax")
     });
     report_bandwidth("masked_softmax 16x8x375x375 f32->bf16", t, score_count * 6);
@@ -211,6 +218,7 @@ fn bench_encoder_shapes() {
         b_layout: BLayout::NByK,
         b_shared: false,
         alpha: 1.0 / (head_dim as f32).sqrt(),
+        strides: Default::default(),
     };
     let mut scores_out = engine.zeros::<f32>(score_count).expect("alloc");
     let t = median_us(&engine, |_| {

@@ -11,7 +11,7 @@ mod common;
 use common::{assert_close, engine, for_each_storage, Rng, TestStorage};
 use cuda_engine::{
     bf16, stride2_out_len, Conv2dShape, CudaEngine, HeadShape, LayerNormWeights, QkvHeads,
-    ResidualF32, RowShape,
+    ResidualF32, RowShape, ScoreRows,
 };
 
 /// Reference 3x3 stride-2 convolution of one channel plane, input frames `>= valid` as zero.
@@ -454,27 +454,6 @@ fn head_split_case<S: TestStorage>(engine: &CudaEngine) {
             }
         }
 
-        let positions = shape.positions();
-        let p_host = S::random(&mut rng, positions * d, 0.0, 1.0);
-        let p = engine.upload(&p_host).expect("p");
-        let mut p_heads = S::poisoned(engine, batch * positions * d);
-        engine
-            .split_pos_heads(&p, shape, positions, &mut p_heads)
-            .expect("split_pos");
-        let got_p = S::to_f32(&engine.download(&p_heads).expect("dl"));
-        let p_wide = S::to_f32(&p_host);
-        for h in 0..heads {
-            for b in 0..batch {
-                for pos in 0..positions {
-                    for e in 0..head_dim {
-                        let dst = ((h * batch + b) * positions + pos) * head_dim + e;
-                        let src = pos * d + h * head_dim + e;
-                        wrong += usize::from(got_p[dst].to_bits() != p_wide[src].to_bits());
-                    }
-                }
-            }
-        }
-
         // merge(split(v)) is the identity on the v block of qkv.
         let mut merged = S::poisoned(engine, n);
         engine
@@ -539,6 +518,16 @@ fn rel_pos_case<S: TestStorage>(engine: &CudaEngine) {
             },
             vec![301],
         ),
+        // Longer than one warp's rows (REL_POS_WARP_KEYS): the block-per-row kernel.
+        (
+            HeadShape {
+                batch: 2,
+                time: cuda_engine::REL_POS_WARP_KEYS + 37,
+                heads: 1,
+                head_dim: 8,
+            },
+            vec![cuda_engine::REL_POS_WARP_KEYS as i32 + 37, 600],
+        ),
     ];
     let scale = 0.25f32;
     for (shape, lengths_host) in cases {
@@ -554,7 +543,15 @@ fn rel_pos_case<S: TestStorage>(engine: &CudaEngine) {
         let lengths = engine.upload(&lengths_host).expect("lengths");
         let mut probs = S::poisoned(engine, rows * time);
         engine
-            .rel_pos_softmax(&ac, &bd, &lengths, scale, shape, &mut probs)
+            .rel_pos_softmax(
+                &ac,
+                &bd,
+                &lengths,
+                scale,
+                shape,
+                ScoreRows::dense(time, positions),
+                &mut probs,
+            )
             .expect("softmax");
         let got = S::to_f32(&engine.download(&probs).expect("dl"));
         let mut want = vec![0.0f64; rows * time];
@@ -682,7 +679,16 @@ fn local_rel_pos_case<S: TestStorage>(engine: &CudaEngine) {
         let lengths = engine.upload(&lengths_host).expect("lengths");
         let mut probs = S::poisoned(engine, rows * time);
         engine
-            .local_rel_pos_softmax(&ac, &bd, &lengths, scale, shape, (left, right), &mut probs)
+            .local_rel_pos_softmax(
+                &ac,
+                &bd,
+                &lengths,
+                scale,
+                shape,
+                (left, right),
+                ScoreRows::dense(time, band),
+                &mut probs,
+            )
             .expect("softmax");
         let got = S::to_f32(&engine.download(&probs).expect("dl"));
         let mut want = vec![0.0f64; rows * time];

@@ -364,7 +364,7 @@ fn masked_softmax_case<S: TestStorage>(engine: &CudaEngine) {
         let lengths = engine.upload(&lengths_host).expect("upload");
         let mut probs = S::poisoned(engine, n);
         engine
-            .masked_softmax(&scores, &lengths, scale, shape, &mut probs)
+            .masked_softmax(&scores, &lengths, scale, shape, tk, &mut probs)
             .expect("launch");
         let got = S::to_f32(&engine.download(&probs).expect("download"));
         let mut want = vec![0.0f64; n];
@@ -718,6 +718,7 @@ fn matmul_f32_out_case<S: TestStorage>(engine: &CudaEngine) {
             b_layout: BLayout::KByN,
             b_shared: false,
             alpha: 1.0,
+            strides: Default::default(),
         },
         // Queries . keysᵀ with the 1/sqrt(d) scale folded into alpha.
         MatmulSpec {
@@ -728,6 +729,7 @@ fn matmul_f32_out_case<S: TestStorage>(engine: &CudaEngine) {
             b_layout: BLayout::NByK,
             b_shared: false,
             alpha: 0.125,
+            strides: Default::default(),
         },
         // One weight shared by every batch entry.
         MatmulSpec {
@@ -738,6 +740,7 @@ fn matmul_f32_out_case<S: TestStorage>(engine: &CudaEngine) {
             b_layout: BLayout::NByK,
             b_shared: true,
             alpha: 1.0,
+            strides: Default::default(),
         },
         MatmulSpec {
             batch: 2,
@@ -747,6 +750,7 @@ fn matmul_f32_out_case<S: TestStorage>(engine: &CudaEngine) {
             b_layout: BLayout::KByN,
             b_shared: true,
             alpha: -2.0,
+            strides: Default::default(),
         },
     ];
     for spec in specs {

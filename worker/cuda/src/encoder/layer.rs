@@ -11,8 +11,7 @@ use super::weights::{DeviceDepthwise, DeviceLayerNorm, DeviceLinear};
 use super::workspace::Workspace;
 use crate::device::CudaEngine;
 use crate::error::Result;
-use crate::matmul::BLayout;
-use crate::ops::{DepthwiseShape, QkvHeads, ResidualF32, RowShape};
+use crate::ops::{DepthwiseShape, QkvHeads, ResidualF32, RowShape, ScoreRows};
 use crate::storage::Storage;
 
 /// Residual weight of the two macaron feed-forward modules.
@@ -155,24 +154,24 @@ impl<S: Storage> SelfAttention<S> {
         )?;
         self.pos
             .forward_storage(engine, &ws.pos_table, positions, &mut ws.pos_projected)?;
-        engine.split_pos_heads(&ws.pos_projected, shape, positions, &mut ws.pos_heads)?;
 
         let no_bias: Option<&CudaSlice<f32>> = None;
         engine.matmul(
-            &shape.per_head_matmul(shape.time, shape.head_dim, BLayout::NByK),
+            &shape.scores_matmul(),
             &ws.q_u,
             &ws.k,
             no_bias,
             &mut ws.scores_ac,
         )?;
         engine.matmul(
-            &shape.per_head_matmul(positions, shape.head_dim, BLayout::NByK),
+            &shape.bd_matmul(positions),
             &ws.q_v,
-            &ws.pos_heads,
+            &ws.pos_projected,
             no_bias,
             &mut ws.scores_bd,
         )?;
         let scale = 1.0 / (shape.head_dim as f32).sqrt();
+        let score_rows = ScoreRows::aligned(&shape, positions);
         match self.attention {
             AttentionModel::RelPos => engine.rel_pos_softmax(
                 &ws.scores_ac,
@@ -180,6 +179,7 @@ impl<S: Storage> SelfAttention<S> {
                 &ws.lengths,
                 scale,
                 shape,
+                score_rows,
                 &mut ws.probs,
             )?,
             AttentionModel::RelPosLocal { left, right } => engine.local_rel_pos_softmax(
@@ -189,11 +189,13 @@ impl<S: Storage> SelfAttention<S> {
                 scale,
                 shape,
                 (left, right),
+                score_rows,
                 &mut ws.probs,
             )?,
         }
         engine.attend(
             &ws.probs,
+            score_rows.scores,
             &ws.v,
             shape,
             &mut ws.context_heads,

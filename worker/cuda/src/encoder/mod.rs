@@ -47,10 +47,10 @@ pub struct GpuEncoder<S = bf16> {
 }
 
 /// Each of the two subsampling scratch buffers holds the first convolution's output: 49 MB per
-/// 30 s utterance at Parakeet's shapes, so a 16 × 30 s batch needs 2 × 786 MB. A cap (e.g.
-/// 256 MiB: groups of 5 utterances of 30 s) subsamples the batch in groups. Unlimited by default
-/// until the grouped path has run on a GPU (its parity test sets a cap of 1 byte).
-pub const DEFAULT_SUBSAMPLING_SCRATCH_BYTES: usize = usize::MAX;
+/// 30 s utterance at Parakeet's shapes, so a 16 × 30 s batch would need 2 × 786 MB. With this
+/// cap the batch is subsampled in groups (5 utterances of 30 s), the same results
+/// (`tests/encoder_parity.rs` checks groups of one against the whole batch).
+pub const DEFAULT_SUBSAMPLING_SCRATCH_BYTES: usize = 256 << 20;
 
 struct PreEncodeWorkspace<S> {
     /// Feature frames this was sized for.

@@ -53,8 +53,9 @@ pub(crate) struct Workspace<S> {
     /// The sinusoid table `[positions, d]` (the same for every layer).
     pub(crate) pos_table: CudaSlice<S>,
     pub(crate) pos_projected: CudaSlice<S>,
-    pub(crate) pos_heads: CudaSlice<S>,
+    /// `[heads·batch, time, score_row]` (rows padded for alignment, see `HeadShape::score_row`).
     pub(crate) scores_ac: CudaSlice<f32>,
+    /// `[heads·batch, time, bd_row(positions)]`.
     pub(crate) scores_bd: CudaSlice<f32>,
     pub(crate) probs: CudaSlice<S>,
     pub(crate) context_heads: CudaSlice<S>,
@@ -84,7 +85,7 @@ impl<S: Storage> Workspace<S> {
         let rows = shape.batch * shape.time;
         let positions = positions_for(size.attention, shape.time);
         let d = shape.d_model();
-        let scores = shape.heads * shape.batch * shape.time * shape.time;
+        let scores = shape.score_elements();
         Ok(Self {
             key: size.key,
             shape,
@@ -105,9 +106,9 @@ impl<S: Storage> Workspace<S> {
             v: engine.zeros(n)?,
             pos_table: upload_storage(engine, &table_for(size.attention, shape.time, d))?,
             pos_projected: engine.zeros(positions * d)?,
-            pos_heads: engine.zeros(shape.batch * positions * d)?,
             scores_ac: engine.zeros(scores)?,
-            scores_bd: engine.zeros(shape.heads * shape.batch * shape.time * positions)?,
+            scores_bd: engine
+                .zeros(shape.heads * shape.batch * shape.time * HeadShape::bd_row(positions))?,
             probs: engine.zeros(scores)?,
             context_heads: engine.zeros(n)?,
             context: engine.zeros(n)?,

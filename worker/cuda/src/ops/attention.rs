@@ -5,11 +5,17 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::activation::{pack_len, row_units_config};
 use super::{check_len, rows_for_grid, to_i32};
-use crate::device::{elementwise_config, per_row_config, CudaEngine};
+use crate::device::{per_row_config, CudaEngine};
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
-use crate::matmul::{BLayout, MatmulSpec};
+use crate::matmul::{BLayout, MatmulSpec, MatmulStrides};
 use crate::storage::Storage;
+
+/// Longest score row `rel_pos_softmax_warp` takes (32 lanes × `REL_POS_WARP_VALUES` in
+/// `kernels/attention.cu`); longer rows use the block-per-row kernel.
+pub const REL_POS_WARP_KEYS: usize = 32 * 32;
+/// Warps (score rows) per block of `rel_pos_softmax_warp`.
+const WARPS_PER_BLOCK: usize = 8;
 
 /// `batch` padded sequences of `time` frames, `heads` heads of `head_dim` channels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,8 +41,71 @@ impl HeadShape {
         (2 * self.time).saturating_sub(1)
     }
 
+    /// Row stride of the score and probability buffers `[heads·batch, time, score_row]`: `time`
+    /// rounded up to 8 elements, so every row starts 16-byte aligned (f32 and bf16) and cuBLASLt
+    /// keeps its fast kernels (measured on H200: 375-frame rows made the attention products
+    /// ~12 % slower than 384-frame ones, per frame).
+    pub fn score_row(&self) -> usize {
+        self.time.next_multiple_of(8)
+    }
+
+    /// Row stride of a `bd` buffer of `columns` relative positions, aligned the same way.
+    pub fn bd_row(columns: usize) -> usize {
+        columns.next_multiple_of(8)
+    }
+
+    /// Elements of one `[heads·batch, time, score_row]` buffer.
+    pub fn score_elements(&self) -> usize {
+        self.heads * self.batch * self.time * self.score_row()
+    }
+
+    /// `ac = (q+u)·kᵀ` per (head, batch entry) into rows of [`Self::score_row`].
+    pub fn scores_matmul(&self) -> MatmulSpec {
+        MatmulSpec {
+            strides: MatmulStrides {
+                out_row: Some(self.score_row()),
+                ..MatmulStrides::default()
+            },
+            ..self.per_head_matmul(self.time, self.head_dim, BLayout::NByK)
+        }
+    }
+
+    /// `bd = (q+v)·pᵀ` per head against the projected position table `p` `[positions, d]`
+    /// read in place: head `h` takes columns `h·head_dim ..` of every row (batch stride
+    /// `head_dim`, row stride `d`), and its `batch·time` query rows are contiguous in the
+    /// head-major layout, so no per-batch copy of the table is made. Rows of
+    /// [`Self::bd_row`]`(positions)` in `[heads·batch, time, ..]` order.
+    pub fn bd_matmul(&self, positions: usize) -> MatmulSpec {
+        MatmulSpec {
+            batch: self.heads,
+            m: self.batch * self.time,
+            n: positions,
+            k: self.head_dim,
+            b_layout: BLayout::NByK,
+            b_shared: false,
+            alpha: 1.0,
+            strides: MatmulStrides {
+                b_row: Some(self.d_model()),
+                b_batch: Some(self.head_dim),
+                out_row: Some(Self::bd_row(positions)),
+                ..MatmulStrides::default()
+            },
+        }
+    }
+
+    /// `context_heads = probs · v` per (head, batch entry), `probs` in rows of `probs_row`.
+    fn values_matmul(&self, probs_row: usize) -> MatmulSpec {
+        MatmulSpec {
+            strides: MatmulStrides {
+                a_row: Some(probs_row),
+                ..MatmulStrides::default()
+            },
+            ..self.per_head_matmul(self.head_dim, self.time, BLayout::KByN)
+        }
+    }
+
     /// One product per (head, batch entry) over the head-major layout: `[heads·batch, time, k]`
-    /// times `b` (`NByK`: keys `[.., n, k]`; `KByN`: values `[.., k, n]`).
+    /// times `b` (`NByK`: keys `[.., n, k]`; `KByN`: values `[.., k, n]`), dense rows.
     pub fn per_head_matmul(&self, n: usize, k: usize, b_layout: BLayout) -> MatmulSpec {
         MatmulSpec {
             batch: self.heads * self.batch,
@@ -46,6 +115,7 @@ impl HeadShape {
             b_layout,
             b_shared: false,
             alpha: 1.0,
+            strides: Default::default(),
         }
     }
 
@@ -62,6 +132,48 @@ impl HeadShape {
             to_i32(op, "heads", self.heads)?,
             to_i32(op, "head_dim", self.head_dim)?,
         ])
+    }
+}
+
+/// Row strides (elements) of the attention score buffers: `scores` for `ac` and the
+/// probabilities, `bd` for the relative-position scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScoreRows {
+    pub scores: usize,
+    pub bd: usize,
+}
+
+impl ScoreRows {
+    /// Dense rows: `time` keys, `bd_columns` relative positions.
+    pub fn dense(time: usize, bd_columns: usize) -> Self {
+        Self {
+            scores: time,
+            bd: bd_columns,
+        }
+    }
+
+    /// The aligned rows the encoder uses ([`HeadShape::score_row`], [`HeadShape::bd_row`]).
+    pub fn aligned(shape: &HeadShape, bd_columns: usize) -> Self {
+        Self {
+            scores: shape.score_row(),
+            bd: HeadShape::bd_row(bd_columns),
+        }
+    }
+
+    /// Both strides as kernel arguments, after checking they hold the columns used.
+    fn checked(&self, op: &'static str, time: usize, bd_columns: usize) -> Result<(i32, i32)> {
+        if self.scores < time || self.bd < bd_columns {
+            return Err(CudaEngineError::Shape {
+                op,
+                detail: format!(
+                    "{self:?} is shorter than {time} keys / {bd_columns} relative positions"
+                ),
+            });
+        }
+        Ok((
+            to_i32(op, "score_row", self.scores)?,
+            to_i32(op, "bd_row", self.bd)?,
+        ))
     }
 }
 
@@ -117,47 +229,10 @@ impl CudaEngine {
         }
     }
 
-    /// The projected position table `p` `[positions, d]` into `[heads, batch, positions,
-    /// head_dim]` (repeated per batch entry).
-    pub fn split_pos_heads<S: Storage>(
-        &self,
-        p: &CudaSlice<S>,
-        shape: HeadShape,
-        positions: usize,
-        p_heads: &mut CudaSlice<S>,
-    ) -> Result<()> {
-        const OP: &str = "split_pos_heads";
-        let [batch, _, heads, head_dim] = shape.kernel_args(OP)?;
-        let positions_arg = to_i32(OP, "positions", positions)?;
-        check_len(OP, "p", p.len(), positions * shape.d_model())?;
-        let n = shape.batch * positions * shape.d_model();
-        check_len(OP, "p_heads", p_heads.len(), n)?;
-        if n == 0 {
-            return Ok(());
-        }
-        // SAFETY: signature (const bf16_t* p, int batch, int positions, int heads, int head_dim,
-        // bf16_t* p_heads); p holds positions*d and p_heads batch*positions*d elements.
-        unsafe {
-            self.launch_as(
-                S::KIND,
-                Kernel::SplitPosHeads,
-                elementwise_config(n),
-                || format!("{shape:?} positions={positions}"),
-                |args| {
-                    args.arg(p)
-                        .arg(&batch)
-                        .arg(&positions_arg)
-                        .arg(&heads)
-                        .arg(&head_dim)
-                        .arg(p_heads);
-                },
-            )
-        }
-    }
-
     /// `probs = softmax(scale * (ac + shift(bd)))` over valid keys; see `kernels/attention.cu`.
-    /// `ac` is `[heads*batch, time, time]`, `bd` `[heads*batch, time, 2*time-1]` (both f32),
-    /// `probs` `[heads*batch, time, time]` bf16, `lengths` `[batch]`.
+    /// `ac` is `[heads*batch, time, rows.scores]`, `bd` `[heads*batch, time, rows.bd]` with
+    /// `2*time-1` used columns (both f32), `probs` like `ac` in storage type, `lengths` `[batch]`.
+    #[allow(clippy::too_many_arguments)]
     pub fn rel_pos_softmax<S: Storage>(
         &self,
         ac: &CudaSlice<f32>,
@@ -165,19 +240,59 @@ impl CudaEngine {
         lengths: &CudaSlice<i32>,
         scale: f32,
         shape: HeadShape,
+        rows: ScoreRows,
         probs: &mut CudaSlice<S>,
     ) -> Result<()> {
         const OP: &str = "rel_pos_softmax";
         let [batch, time, _, _] = shape.kernel_args(OP)?;
-        let rows = shape.heads * shape.batch * shape.time;
-        check_len(OP, "ac", ac.len(), rows * shape.time)?;
-        check_len(OP, "bd", bd.len(), rows * shape.positions())?;
-        check_len(OP, "probs", probs.len(), rows * shape.time)?;
+        let (score_row, bd_row) = rows.checked(OP, shape.time, shape.positions())?;
+        let n = shape.heads * shape.batch * shape.time;
+        check_len(OP, "ac", ac.len(), n * rows.scores)?;
+        check_len(OP, "bd", bd.len(), n * rows.bd)?;
+        check_len(OP, "probs", probs.len(), n * rows.scores)?;
         check_len(OP, "lengths", lengths.len(), shape.batch)?;
-        let grid = rows_for_grid(OP, rows)?;
+        if shape.time <= REL_POS_WARP_KEYS {
+            let rows_arg = n as i64;
+            let blocks =
+                u32::try_from(n.div_ceil(WARPS_PER_BLOCK)).map_err(|_| CudaEngineError::Shape {
+                    op: OP,
+                    detail: format!("{n} score rows exceed the grid"),
+                })?;
+            let config = LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (32 * WARPS_PER_BLOCK as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: signature (const float* ac, const float* bd, const int* lengths, float
+            // scale, int batch, int time, int score_row, int bd_row, long long rows, bf16_t*
+            // probs); one warp per row (warps past `rows` return), time <= 32 *
+            // REL_POS_WARP_VALUES keys per row, buffers checked as for the block kernel below.
+            return unsafe {
+                self.launch_as(
+                    S::KIND,
+                    Kernel::RelPosSoftmaxWarp,
+                    config,
+                    || format!("{shape:?}"),
+                    |args| {
+                        args.arg(ac)
+                            .arg(bd)
+                            .arg(lengths)
+                            .arg(&scale)
+                            .arg(&batch)
+                            .arg(&time)
+                            .arg(&score_row)
+                            .arg(&bd_row)
+                            .arg(&rows_arg)
+                            .arg(probs);
+                    },
+                )
+            };
+        }
+        let grid = rows_for_grid(OP, n)?;
         // SAFETY: signature (const float* ac, const float* bd, const int* lengths, float scale,
-        // int batch, int time, bf16_t* probs); one block per row of heads*batch*time rows, the
-        // buffers checked against those rows above.
+        // int batch, int time, int score_row, int bd_row, bf16_t* probs); one block per row of
+        // heads*batch*time rows, the buffers checked against those rows and strides above (the
+        // strides cover the columns read: time and 2*time-1).
         unsafe {
             self.launch_as(
                 S::KIND,
@@ -191,6 +306,8 @@ impl CudaEngine {
                         .arg(&scale)
                         .arg(&batch)
                         .arg(&time)
+                        .arg(&score_row)
+                        .arg(&bd_row)
                         .arg(probs);
                 },
             )
@@ -198,7 +315,8 @@ impl CudaEngine {
     }
 
     /// Local-attention softmax over keys `i-left ..= i+right`; `bd` is `[heads*batch, time,
-    /// left+right+1]` against the band table. See `kernels/attention.cu` for the placement.
+    /// rows.bd]` against the band table (`left+right+1` used columns), `ac` and `probs` rows of
+    /// `rows.scores`. See `kernels/attention.cu` for the placement.
     #[allow(clippy::too_many_arguments)]
     pub fn local_rel_pos_softmax<S: Storage>(
         &self,
@@ -208,21 +326,24 @@ impl CudaEngine {
         scale: f32,
         shape: HeadShape,
         (left, right): (usize, usize),
+        rows: ScoreRows,
         probs: &mut CudaSlice<S>,
     ) -> Result<()> {
         const OP: &str = "local_rel_pos_softmax";
         let [batch, time, _, _] = shape.kernel_args(OP)?;
         let (left_arg, right_arg) = (to_i32(OP, "left", left)?, to_i32(OP, "right", right)?);
-        let rows = shape.heads * shape.batch * shape.time;
-        check_len(OP, "ac", ac.len(), rows * shape.time)?;
-        check_len(OP, "bd", bd.len(), rows * (left + right + 1))?;
-        check_len(OP, "probs", probs.len(), rows * shape.time)?;
+        let (score_row, bd_row) = rows.checked(OP, shape.time, left + right + 1)?;
+        let n = shape.heads * shape.batch * shape.time;
+        check_len(OP, "ac", ac.len(), n * rows.scores)?;
+        check_len(OP, "bd", bd.len(), n * rows.bd)?;
+        check_len(OP, "probs", probs.len(), n * rows.scores)?;
         check_len(OP, "lengths", lengths.len(), shape.batch)?;
-        let grid = rows_for_grid(OP, rows)?;
+        let grid = rows_for_grid(OP, n)?;
         // SAFETY: signature (const float* ac, const float* bd, const int* lengths, float scale,
-        // int batch, int time, int left, int right, bf16_t* probs); one block per row of
-        // heads*batch*time rows; ac and probs hold rows*time, bd rows*(left+right+1) elements
-        // and the kernel reads bd only at columns 0 ..= left+right.
+        // int batch, int time, int left, int right, int score_row, int bd_row, bf16_t* probs);
+        // one block per row of heads*batch*time rows; ac and probs hold rows of score_row >=
+        // time, bd rows of bd_row >= left+right+1 elements, and the kernel reads bd only at
+        // columns 0 ..= left+right.
         unsafe {
             self.launch_as(
                 S::KIND,
@@ -238,6 +359,8 @@ impl CudaEngine {
                         .arg(&time)
                         .arg(&left_arg)
                         .arg(&right_arg)
+                        .arg(&score_row)
+                        .arg(&bd_row)
                         .arg(probs);
                 },
             )
@@ -245,10 +368,11 @@ impl CudaEngine {
     }
 
     /// The attention output: `context_heads = probs · v` per head (`probs` `[heads·batch, time,
-    /// time]`, `v` head-major), merged back to `context` `[batch, time, d]`.
+    /// probs_row]`, `v` head-major), merged back to `context` `[batch, time, d]`.
     pub fn attend<S: Storage>(
         &self,
         probs: &CudaSlice<S>,
+        probs_row: usize,
         v: &CudaSlice<S>,
         shape: HeadShape,
         context_heads: &mut CudaSlice<S>,
@@ -256,7 +380,7 @@ impl CudaEngine {
     ) -> Result<()> {
         let no_bias: Option<&CudaSlice<S>> = None;
         self.matmul(
-            &shape.per_head_matmul(shape.head_dim, shape.time, BLayout::KByN),
+            &shape.values_matmul(probs_row),
             probs,
             v,
             no_bias,

@@ -20,13 +20,15 @@ pub struct AttentionShape {
 impl CudaEngine {
     /// `probs = softmax(scale * scores)` over the last axis, where for utterance `b` only the
     /// first `lengths[b]` keys take part; masked keys, and every key of query rows
-    /// `q >= lengths[b]`, get probability 0 (never NaN, also for `lengths[b] = 0`).
+    /// `q >= lengths[b]`, get probability 0 (never NaN, also for `lengths[b] = 0`). Rows are
+    /// `row_stride >= tk` elements apart in both buffers; the columns past `tk` are untouched.
     pub fn masked_softmax<S: Storage>(
         &self,
         scores: &CudaSlice<f32>,
         lengths: &CudaSlice<i32>,
         scale: f32,
         shape: AttentionShape,
+        row_stride: usize,
         probs: &mut CudaSlice<S>,
     ) -> Result<()> {
         const OP: &str = "masked_softmax";
@@ -43,17 +45,25 @@ impl CudaEngine {
             });
         }
         let grid_rows = rows_for_grid(OP, batch * heads * tq)?;
-        let elements = batch * heads * tq * tk;
+        if row_stride < tk {
+            return Err(CudaEngineError::Shape {
+                op: OP,
+                detail: format!("{shape:?}: row stride {row_stride} is shorter than tk"),
+            });
+        }
+        let elements = batch * heads * tq * row_stride;
         check_len(OP, "scores", scores.len(), elements)?;
         check_len(OP, "probs", probs.len(), elements)?;
         check_len(OP, "lengths", lengths.len(), batch)?;
-        let (heads_arg, tq_arg, tk_arg) = (
+        let (heads_arg, tq_arg, tk_arg, row_arg) = (
             to_i32(OP, "heads", heads)?,
             to_i32(OP, "tq", tq)?,
             to_i32(OP, "tk", tk)?,
+            to_i32(OP, "row_stride", row_stride)?,
         );
-        // SAFETY: signature (const float*, const int*, float, int, int, int, bf16_t*); scores
-        // and probs hold batch*heads*tq*tk elements, lengths batch; one block per row.
+        // SAFETY: signature (const float*, const int*, float, int heads, int tq, int tk,
+        // int row_stride, bf16_t*); scores and probs hold batch*heads*tq rows of row_stride >= tk
+        // elements, lengths batch; one block per row.
         unsafe {
             self.launch_as(
                 S::KIND,
@@ -67,6 +77,7 @@ impl CudaEngine {
                         .arg(&heads_arg)
                         .arg(&tq_arg)
                         .arg(&tk_arg)
+                        .arg(&row_arg)
                         .arg(probs);
                 },
             )

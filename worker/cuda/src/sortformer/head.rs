@@ -16,7 +16,6 @@ use crate::device::CudaEngine;
 use crate::encoder::weights::{DeviceLayerNorm, DeviceLinear};
 use crate::encoder::EncoderOutput;
 use crate::error::{CudaEngineError, DriverContext, Result};
-use crate::matmul::BLayout;
 use crate::ops::{AttentionShape, HeadShape, QkvHeads, ResidualF32, RowShape};
 use crate::storage::{Storage, StorageKind};
 use half::bf16;
@@ -100,7 +99,7 @@ impl<S: Storage> TransformerLayer<S> {
         )?;
         let no_bias: Option<&CudaSlice<f32>> = None;
         engine.matmul(
-            &shape.per_head_matmul(shape.time, shape.head_dim, BLayout::NByK),
+            &shape.scores_matmul(),
             &ws.q,
             &ws.k,
             no_bias,
@@ -117,10 +116,12 @@ impl<S: Storage> TransformerLayer<S> {
                 tq: shape.time,
                 tk: shape.time,
             },
+            shape.score_row(),
             &mut ws.probs,
         )?;
         engine.attend(
             &ws.probs,
+            shape.score_row(),
             &ws.v,
             shape,
             &mut ws.context_heads,
@@ -186,7 +187,7 @@ impl<S: Storage> HeadWorkspace<S> {
     fn new(engine: &CudaEngine, shape: HeadShape, dims: &HeadDims) -> Result<Self> {
         let t = shape.time;
         let n = shape.elements();
-        let scores = shape.heads * t * t;
+        let scores = shape.score_elements();
         Ok(Self {
             shape,
             encoded: engine.zeros(t * dims.encoder)?,
