@@ -20,7 +20,7 @@ MODEL=${MODEL:-/tmp/parakeet-random.nemo}
 DUR=${DUR:-40}
 mkdir -p "$OUT"
 export RUST_LOG=${RUST_LOG:-warn}
-BIN=$PWD/.device
+BIN=${BIN:-$PWD/.device}
 CLIPS=$(ls models/tests/fixtures/clips/{audioeval_counting,audioeval_fox,espeak_gb_fast,espeak_us,long}.wav | paste -sd,)
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 { date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv; } | tee "$OUT/gpu.txt"

@@ -23,7 +23,7 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 { date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv; } | tee "$OUT/gpu.txt"
 
 if has tests; then
-  for t in kernels encoder_kernels features_parity encoder_parity decoder_parity sortformer_parity; do
+  for t in ${TESTS:-kernels encoder_kernels matmul_strides features_parity encoder_parity decoder_parity sortformer_parity}; do
     echo "== $t"
     REQUIRE_CUDA=1 timeout 300 "$BIN/$t" --nocapture > "$OUT/$t.log" 2>&1
     echo "exit $?"
