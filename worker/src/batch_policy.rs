@@ -10,10 +10,11 @@
 //!    then the nearest buckets, oldest first within a bucket, while the padded cost
 //!    `longest × count` stays within the frame budget and the count within the largest preferred
 //!    size. The anchor alone may exceed the budget (it runs by itself).
-//! 4. The batch runs now if it reaches a preferred size (trimmed to the largest preferred size
-//!    it reaches), if the budget stopped it while more requests wait, or if the anchor has
-//!    waited `max_wait`. Otherwise the caller waits until the anchor's wait runs out (or the
-//!    earliest deadline, to answer it on time).
+//! 4. The batch runs now, whole, if the anchor has waited `max_wait` or the budget stopped it
+//!    while more requests wait; else trimmed to the largest preferred size it reaches, if any.
+//!    Otherwise the caller waits until the anchor's wait runs out (or the earliest deadline, to
+//!    answer it on time). With `max_wait` 0 the policy is work-conserving: whenever the engine
+//!    asks, what has queued runs at once (batches form while the previous one runs).
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -167,10 +168,11 @@ impl<T> BatchQueue<T> {
             .rev()
             .find(|&&p| p <= chosen.len())
             .copied();
-        let take = if let Some(preferred) = reached {
-            preferred
-        } else if budget_hit || now >= due_at {
+        let take = if budget_hit || now >= due_at {
+            // Due (or full): everything chosen goes now, not a preferred size and a remainder.
             chosen.len()
+        } else if let Some(preferred) = reached {
+            preferred
         } else {
             // Wake for whichever comes first: the anchor's wait or someone's deadline.
             let earliest_deadline = self.queue.iter().filter_map(|q| q.deadline).min();

@@ -1,11 +1,13 @@
-//! The batcher actor: owns the [`BatchQueue`], hands batches to the engine thread when it can
-//! take one, and fans the results out to the connections that asked.
+//! The batcher actor: owns the [`BatchQueue`], hands a batch to the engine thread when the
+//! engine is free (not while it still runs the previous one, so requests that arrive meanwhile
+//! join the next batch), and fans the results out to the connections that asked.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc::OwnedPermit;
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use worker_protocol::{
     DiarizeResponse, RequestId, Timings, TranscribeResponse, WireError, WireErrorKind,
     WorkerMessage,
@@ -123,15 +125,17 @@ impl Batcher {
         mut commands: mpsc::Receiver<BatcherCommand>,
         engine: mpsc::Sender<EngineJob>,
     ) {
+        // One permit: held from forming a batch until its answers are back.
+        let engine_free = Arc::new(Semaphore::new(1));
         let mut permit = None;
         loop {
             self.stats.depth.store(self.queue.len(), Ordering::Release);
-            let Some(slot) = permit.take() else {
-                // Wait for the engine to have room for one more batch, still taking commands.
+            let Some((free, slot)) = permit.take() else {
+                // Wait for the engine to be free, still taking commands.
                 tokio::select! {
-                    reserved = engine.clone().reserve_owned() => match reserved {
-                        Ok(p) => permit = Some(p),
-                        Err(_) => return, // engine thread gone
+                    reserved = reserve(&engine_free, &engine) => match reserved {
+                        Some(p) => permit = Some(p),
+                        None => return, // engine thread gone
                     },
                     command = commands.recv() => match command {
                         Some(c) => self.apply(c),
@@ -148,10 +152,10 @@ impl Batcher {
                     let clips = batch.iter().map(|q| Arc::clone(&q.payload.pcm)).collect();
                     slot.send(EngineJob { clips, reply });
                     self.batches_sent += 1;
-                    tokio::spawn(fan_out(batch, self.batches_sent, outcome));
+                    tokio::spawn(fan_out(batch, self.batches_sent, outcome, free));
                 }
                 Decision::WaitUntil(due) => {
-                    permit = Some(slot);
+                    permit = Some((free, slot));
                     tokio::select! {
                         command = commands.recv() => match command {
                             Some(c) => self.apply(c),
@@ -161,7 +165,7 @@ impl Batcher {
                     }
                 }
                 Decision::Empty => {
-                    permit = Some(slot);
+                    permit = Some((free, slot));
                     match commands.recv().await {
                         Some(c) => self.apply(c),
                         None => return,
@@ -172,13 +176,28 @@ impl Batcher {
     }
 }
 
+/// The engine-free permit, then the engine channel's slot (free by then). `None`: the engine
+/// thread is gone.
+async fn reserve(
+    engine_free: &Arc<Semaphore>,
+    engine: &mpsc::Sender<EngineJob>,
+) -> Option<(OwnedSemaphorePermit, OwnedPermit<EngineJob>)> {
+    let free = Arc::clone(engine_free).acquire_owned().await.ok()?;
+    let slot = engine.clone().reserve_owned().await.ok()?;
+    Some((free, slot))
+}
+
 async fn fan_out(
     batch: Vec<Queued<Pending>>,
     batch_seq: u64,
     outcome: oneshot::Receiver<EngineOutcome>,
+    engine_free: OwnedSemaphorePermit,
 ) {
     let started = Instant::now();
-    let Ok(outcome) = outcome.await else {
+    let outcome = outcome.await;
+    // The engine is free again: the batcher may form the next batch now.
+    drop(engine_free);
+    let Ok(outcome) = outcome else {
         // The engine thread died mid-batch: this process can no longer serve. Exiting lets the
         // supervisor restart it and re-send these requests elsewhere.
         tracing::error!("engine thread ended without answering a batch; exiting");
@@ -223,5 +242,70 @@ async fn fan_out(
                 let _ = q.payload.reply.send(msg);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests: a panic is the failure report
+
+    use std::time::Duration;
+
+    use models::transcript::Hypothesis;
+
+    use super::*;
+    use crate::batch_policy::BatchPolicyConfig;
+
+    fn submit(id: u64, reply: &mpsc::UnboundedSender<WorkerMessage>) -> BatcherCommand {
+        BatcherCommand::Submit {
+            pending: Pending {
+                conn: 1,
+                id,
+                pcm: Arc::new(vec![0.0; 1600]),
+                reply: reply.clone(),
+            },
+            frames: 11,
+            deadline: None,
+        }
+    }
+
+    /// With no batch wait, requests that arrive while the engine runs a batch wait for it to
+    /// finish and then go together; none is handed over early in a batch of its own.
+    #[tokio::test]
+    async fn the_next_batch_forms_when_the_engine_is_free() {
+        let config = BatchPolicyConfig::new(vec![4, 8, 16], Duration::ZERO, 1_000_000).unwrap();
+        let batcher = Batcher::new(BatchQueue::new(config), 64, Arc::default());
+        let (commands, command_rx) = mpsc::channel(64);
+        let (engine_tx, mut engine_rx) = mpsc::channel::<EngineJob>(1);
+        tokio::spawn(batcher.run(command_rx, engine_tx));
+        let (reply, mut answers) = mpsc::unbounded_channel();
+
+        commands.send(submit(0, &reply)).await.unwrap();
+        let first = engine_rx.recv().await.unwrap();
+        assert_eq!(first.clips.len(), 1, "a lone request runs at once");
+        for id in 1..8 {
+            commands.send(submit(id, &reply)).await.unwrap();
+        }
+        let early = tokio::time::timeout(Duration::from_millis(200), engine_rx.recv()).await;
+        assert!(
+            early.is_err(),
+            "a batch was handed over while the engine was busy"
+        );
+
+        let outcome = EngineOutcome {
+            result: Ok(Answers::Hypotheses(vec![Hypothesis::default()])),
+            elapsed: Duration::ZERO,
+        };
+        assert!(first.reply.send(outcome).is_ok());
+        assert!(matches!(
+            answers.recv().await,
+            Some(WorkerMessage::Result(r)) if r.id == 0
+        ));
+        let second = engine_rx.recv().await.unwrap();
+        assert_eq!(
+            second.clips.len(),
+            7,
+            "everything that queued meanwhile, together"
+        );
     }
 }

@@ -103,7 +103,11 @@ pub struct ServeArgs {
     pub cuda_diar_precision: CudaPrecisionArg,
     /// Caps each of the CUDA encoder's two subsampling scratch buffers (MiB); larger batches
     /// are subsampled in groups of utterances, saving GPU memory. 0: no cap.
-    #[arg(long, env = "WORKER_CUDA_SUBSAMPLING_SCRATCH_MIB", default_value_t = 256)]
+    #[arg(
+        long,
+        env = "WORKER_CUDA_SUBSAMPLING_SCRATCH_MIB",
+        default_value_t = 256
+    )]
     pub cuda_subsampling_scratch_mib: usize,
     /// Batch sizes the batcher fills to (it runs the largest one reached at once).
     #[arg(
@@ -113,8 +117,10 @@ pub struct ServeArgs {
         default_value = "4,8,16"
     )]
     pub preferred_batch_sizes: Vec<usize>,
-    /// Longest a request waits for companions before its batch runs anyway.
-    #[arg(long, env = "WORKER_MAX_BATCH_WAIT_MS", default_value_t = 50)]
+    /// Longest a request waits for companions before its batch runs anyway. 0 (the default):
+    /// whenever the engine is free, what has queued runs at once; batches form from the
+    /// requests that arrive while the previous batch runs, so a lone request never waits.
+    #[arg(long, env = "WORKER_MAX_BATCH_WAIT_MS", default_value_t = 0)]
     pub max_batch_wait_ms: u64,
     /// Budget of one batch in padded feature frames (longest member × members; 100 frames =
     /// 1 s). Default: 16 segments of 30 s. A single longer segment still runs, alone.

@@ -182,3 +182,23 @@ fn waiting_wakes_for_the_earliest_deadline() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn zero_wait_runs_at_once_with_everything_queued() {
+    let t0 = Instant::now();
+    let mut queue =
+        BatchQueue::new(BatchPolicyConfig::new(vec![4, 8, 16], Duration::ZERO, 1_000_000).unwrap());
+    // A lone request does not wait for companions.
+    queue.push(q(0, 300, t0));
+    assert_eq!(keys(queue.next_batch(t0)), vec![0]);
+    // Seven queued while the engine was busy: one batch of 7, not 4 and then 3.
+    for k in 1..8 {
+        queue.push(q(k, 300, t0 + MS));
+    }
+    assert_eq!(keys(queue.next_batch(t0 + MS)), (1..8).collect::<Vec<_>>());
+    // Still capped at the largest preferred size.
+    for k in 8..30 {
+        queue.push(q(k, 300, t0 + 2 * MS));
+    }
+    assert_eq!(queue.next_batch(t0 + 2 * MS).len_or_zero(), 16);
+}
