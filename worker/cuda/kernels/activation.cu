@@ -4,17 +4,6 @@
 // the pointers are 16-byte aligned and the layout allows; tails and unaligned pointers take the
 // element-wise path. The arithmetic per element is the same on both paths.
 
-constexpr int kPack = 16 / (int)sizeof(bf16_t);
-
-union Pack {
-    uint4 raw;
-    bf16_t v[kPack];
-};
-
-__device__ __forceinline__ bool aligned16(const void* p) {
-    return ((unsigned long long)p & 15ull) == 0;
-}
-
 __device__ __forceinline__ bf16_t silu_one(bf16_t x) {
     const float v = bf16_to_f32(x);
     return f32_to_bf16(v * sigmoid_f32(v));

@@ -7,21 +7,11 @@
 // pointer is 16-byte aligned, a unit lies in one head and moves with 16-byte loads and stores;
 // otherwise element by element. Launch: blockIdx.x * blockDim.x + threadIdx.x = unit; rows
 // (b * time + t) blockIdx.y * blockDim.y + threadIdx.y, striding by gridDim.y * blockDim.y.
-constexpr int kPack = 16 / (int)sizeof(bf16_t);
-
-union Pack {
-    uint4 raw;
-    bf16_t v[kPack];
-};
 
 union F32Pack {
     float4 raw[kPack / 4];
     float v[kPack];
 };
-
-__device__ __forceinline__ bool aligned16(const void* p) {
-    return ((unsigned long long)p & 15ull) == 0;
-}
 
 // q + bias (kPack f32 at a 16-byte aligned address), added in f32 and rounded once, as a pack.
 __device__ __forceinline__ uint4 add_bias(const Pack& q, const float* bias) {

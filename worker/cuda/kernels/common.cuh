@@ -32,6 +32,19 @@ __device__ __forceinline__ bf16_t f32_to_bf16(float f) {
 }
 #endif
 
+// 16-byte packs: kPack storage elements (8 bf16 or 4 f32) move as one load or store. Kernels
+// take the packed path only where aligned16 holds for their pointers (and the layout allows).
+constexpr int kPack = 16 / (int)sizeof(bf16_t);
+
+union Pack {
+    uint4 raw;
+    bf16_t v[kPack];
+};
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+    return ((unsigned long long)p & 15ull) == 0;
+}
+
 __device__ __forceinline__ float sigmoid_f32(float v) {
     return 1.0f / (1.0f + expf(-v));
 }

@@ -20,16 +20,6 @@
 // Follow-up: stage a time tile of x in shared memory so each input is read once instead of
 // `kernel` times (today the re-reads hit L1/L2).
 
-constexpr int kPack = 16 / (int)sizeof(bf16_t);
-
-union Pack {
-    uint4 raw;
-    bf16_t v[kPack];
-};
-
-__device__ __forceinline__ bool aligned16(const void* p) {
-    return ((unsigned long long)p & 15ull) == 0;
-}
 
 extern "C" __global__ void depthwise_conv1d_bf16(const bf16_t* x, const float* weight,
                                                  const float* bias, const int* lengths, int batch,

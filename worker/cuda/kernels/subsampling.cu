@@ -6,18 +6,6 @@
 // padding at its end). Output frames past the stage's own length are computed anyway; the next
 // stage (and the encoder's masks) never read them.
 
-// 16-byte packs: kPack storage elements (8 bf16 or 4 f32) move as one load or store.
-constexpr int kPack = 16 / (int)sizeof(bf16_t);
-
-union Pack {
-    uint4 raw;
-    bf16_t v[kPack];
-};
-
-__device__ __forceinline__ bool aligned16(const void* p) {
-    return ((unsigned long long)p & 15ull) == 0;
-}
-
 // Stores the first `count` channels of a unit: one 16-byte store when `packed`.
 __device__ __forceinline__ void store_unit(bf16_t* out, const Pack& result, bool packed,
                                            int count) {

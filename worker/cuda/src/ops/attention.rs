@@ -251,8 +251,9 @@ impl CudaEngine {
         check_len(OP, "bd", bd.len(), n * rows.bd)?;
         check_len(OP, "probs", probs.len(), n * rows.scores)?;
         check_len(OP, "lengths", lengths.len(), shape.batch)?;
-        if shape.time <= REL_POS_WARP_KEYS {
-            let rows_arg = n as i64;
+        // Rows of up to REL_POS_WARP_KEYS keys: one warp per row; longer: one block per row.
+        let warp = shape.time <= REL_POS_WARP_KEYS;
+        let (kernel, config) = if warp {
             let blocks =
                 u32::try_from(n.div_ceil(WARPS_PER_BLOCK)).map_err(|_| CudaEngineError::Shape {
                     op: OP,
@@ -263,41 +264,21 @@ impl CudaEngine {
                 block_dim: (32 * WARPS_PER_BLOCK as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
-            // SAFETY: signature (const float* ac, const float* bd, const int* lengths, float
-            // scale, int batch, int time, int score_row, int bd_row, long long rows, bf16_t*
-            // probs); one warp per row (warps past `rows` return), time <= 32 *
-            // REL_POS_WARP_VALUES keys per row, buffers checked as for the block kernel below.
-            return unsafe {
-                self.launch_as(
-                    S::KIND,
-                    Kernel::RelPosSoftmaxWarp,
-                    config,
-                    || format!("{shape:?}"),
-                    |args| {
-                        args.arg(ac)
-                            .arg(bd)
-                            .arg(lengths)
-                            .arg(&scale)
-                            .arg(&batch)
-                            .arg(&time)
-                            .arg(&score_row)
-                            .arg(&bd_row)
-                            .arg(&rows_arg)
-                            .arg(probs);
-                    },
-                )
-            };
-        }
-        let grid = rows_for_grid(OP, n)?;
-        // SAFETY: signature (const float* ac, const float* bd, const int* lengths, float scale,
-        // int batch, int time, int score_row, int bd_row, bf16_t* probs); one block per row of
+            (Kernel::RelPosSoftmaxWarp, config)
+        } else {
+            (Kernel::RelPosSoftmax, per_row_config(rows_for_grid(OP, n)?))
+        };
+        let rows_arg = n as i64;
+        // SAFETY: signatures (const float* ac, const float* bd, const int* lengths, float scale,
+        // int batch, int time, int score_row, int bd_row, [long long rows,] bf16_t* probs), the
+        // warp kernel with `rows`: one warp (warps past `rows` return) or one block per row of
         // heads*batch*time rows, the buffers checked against those rows and strides above (the
         // strides cover the columns read: time and 2*time-1).
         unsafe {
             self.launch_as(
                 S::KIND,
-                Kernel::RelPosSoftmax,
-                per_row_config(grid),
+                kernel,
+                config,
                 || format!("{shape:?}"),
                 |args| {
                     args.arg(ac)
@@ -307,8 +288,11 @@ impl CudaEngine {
                         .arg(&batch)
                         .arg(&time)
                         .arg(&score_row)
-                        .arg(&bd_row)
-                        .arg(probs);
+                        .arg(&bd_row);
+                    if warp {
+                        args.arg(&rows_arg);
+                    }
+                    args.arg(probs);
                 },
             )
         }
