@@ -2,7 +2,8 @@
 # The GPU machine drill for the worker fleet and the CUDA engine (docs/operations.md,
 # docs/benchmarks.md), from the repository root with release binaries in .device/ (worker,
 # fleet, hammer). Writes logs under ${OUT:-/tmp/drill}. Steps (STEPS=..., default all):
-#   model    random full-size Parakeet .nemo (scripts/bench/make_random_parakeet.py)
+#   model    random full-size Parakeet .nemo (scripts/bench/make_random_parakeet.py), calibrated
+#            to audio-dependent tokens (scripts/bench/calibrate_random_parakeet.py)
 #   probe    `worker probe` without MPS
 #   single   one CUDA worker: start-to-ready time, GPU memory, one 45 s clip end to end
 #   mps4     4 workers at 25 % under MPS: probes, SIGKILL of one -> group restart, clean stop
@@ -26,7 +27,11 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 { date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv; } | tee "$OUT/gpu.txt"
 
 if has model; then
-  python3 scripts/bench/make_random_parakeet.py --out "$MODEL" 2>&1 | tail -1
+  # Calibrated, so tokens depend on the audio (plain random weights decode one token on every
+  # frame, which would make the golden comparisons blind to numerical errors).
+  python3 scripts/bench/make_random_parakeet.py --out "$MODEL.random" 2>&1 | tail -1
+  python3 scripts/bench/calibrate_random_parakeet.py --model "$MODEL.random" --out "$MODEL" \
+    2>&1 | tail -1
   python3 - <<'PY'
 import wave, struct
 # 45 s of the fixture speech, concatenated (for the end-to-end latency step).
