@@ -188,6 +188,9 @@ pub(crate) struct Blas {
     algos: Mutex<HashMap<AlgoKey, sys::cublasLtMatmulAlgo_t>>,
 }
 
+/// Cached algorithms per engine before the cache starts over (~1 MB of host memory).
+const MAX_CACHED_ALGOS: usize = 8192;
+
 /// Everything the heuristic's answer depends on. Pointers are whole device allocations here,
 /// always 256-byte aligned (the heuristic's default assumption).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -279,7 +282,13 @@ impl Blas {
             )
         }
         .map_err(|e| ("cublasLtMatmulAlgoGetHeuristic", e))?;
-        cache().insert(key, heuristic.algo);
+        let mut algos = cache();
+        if algos.len() >= MAX_CACHED_ALGOS {
+            // Padded lengths vary without end in a long-lived worker: start over rather than
+            // grow without bound (a miss costs one heuristic query).
+            algos.clear();
+        }
+        algos.insert(key, heuristic.algo);
         Ok(heuristic.algo)
     }
 }
