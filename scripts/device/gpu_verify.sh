@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Everything the GPU machine must confirm for the CUDA engine and GPU diarization, in one device
-# call (about 8 minutes on an H200), from the repository root. Built here first:
-#   CARGO_TARGET_DIR=/work/targets/cuda cargo test -p cuda-engine --release --no-run
-#   then copy + strip into .device/: kernels encoder_kernels encoder_parity decoder_parity
-#   features_parity sortformer_parity sortformer_bench encoder_bench offline_bench
-# and carry [".device", ".whl"]. Logs under ${OUT:-/tmp/verify}. Steps (STEPS=..., default all):
+# call (about 8 minutes on an H200), from the repository root. Built here first with
+# scripts/device/build_device_bins.sh (the test binaries into .device/); carry [".device"], plus
+# ".whl" (NeMo wheels) for the grid step: both together exceed the 64 MiB a call may carry, so
+# carry only the binaries a call runs (e.g. ".device/encoder_bench"). Logs under
+# ${OUT:-/tmp/verify}. Steps (STEPS=..., default all):
 #   tests       every cuda-engine test binary with REQUIRE_CUDA=1 (kernel, encoder, decoder,
 #               GPU-features and GPU-Sortformer parity)
 #   sortformer  scripts/bench/sortformer_gpu.sh: ms per 15 s chunk, alone and 8 x 12 % under MPS
