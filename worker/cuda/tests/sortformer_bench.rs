@@ -5,7 +5,7 @@
 //! Ignored by default; run on a GPU with
 //! `SORTFORMER_BENCH_MODEL=/tmp/sortformer.nemo ./sortformer_bench --ignored --nocapture`.
 //! Several copies at once under MPS give the per-instance figure of a shared GPU
-//! (`scripts/bench/sortformer_mps.sh`). A step is timed from the end of the previous one to the
+//! (`scripts/bench/sortformer_gpu.sh`). A step is timed from the end of the previous one to the
 //! end of this one: the chunk's log-mel features on the host, the pre-encode, the upload of
 //! `[spkcache; fifo; chunk]`, the network, the download and the cache update, i.e. what a
 //! worker spends per chunk. Steps before the cache and FIFO are full (shorter inputs) are
