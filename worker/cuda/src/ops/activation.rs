@@ -4,7 +4,7 @@
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::{check_len, to_i32, to_i64};
-use crate::device::{elementwise_config, CudaEngine, BLOCK_THREADS};
+use crate::device::{CudaEngine, BLOCK_THREADS};
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
 use crate::storage::Storage;
@@ -12,27 +12,9 @@ use crate::storage::Storage;
 impl CudaEngine {
     /// `y = x * sigmoid(x)` over the first `x.len()` elements.
     pub fn silu<S: Storage>(&self, x: &CudaSlice<S>, y: &mut CudaSlice<S>) -> Result<()> {
-        const OP: &str = "silu";
-        let n = x.len();
-        check_len(OP, "y", y.len(), n)?;
-        let count = to_i64(OP, "n", n)?;
-        if n == 0 {
-            return Ok(());
-        }
-        // SAFETY: signature (const bf16_t*, bf16_t*, long long n); both buffers hold n elements
-        // and the kernel's grid-stride loops touch only indices < n (packs of whole elements
-        // below n / pack, single elements above), whatever the grid.
-        unsafe {
-            self.launch_as(
-                S::KIND,
-                Kernel::Silu,
-                elementwise_config(n.div_ceil(pack_len::<S>())),
-                || format!("n={n}"),
-                |args| {
-                    args.arg(x).arg(y).arg(&count);
-                },
-            )
-        }
+        // SAFETY: silu_bf16 is (const bf16_t*, bf16_t*, long long n); its grid-stride loops touch
+        // only indices < n (packs of whole elements below n / pack, single elements above).
+        unsafe { self.launch_unary_as(S::KIND, "silu", Kernel::Silu, pack_len::<S>(), x, y) }
     }
 
     /// GLU over channels: `x` is `[rows, 2 * half]`, `y[rows, half] = x[:, :half] *

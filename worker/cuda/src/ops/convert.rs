@@ -16,7 +16,7 @@ impl CudaEngine {
         y: &mut CudaSlice<S>,
     ) -> Result<()> {
         // SAFETY: `F32ToBf16` has signature (const float*, bf16_t*, long long).
-        unsafe { self.launch_unary_as(S::KIND, "f32_to_storage", Kernel::F32ToBf16, x, y) }
+        unsafe { self.launch_unary_as(S::KIND, "f32_to_storage", Kernel::F32ToBf16, 1, x, y) }
     }
 
     /// `y[..n] = f32(x[..n])` with `n = x.len()` (exact).
@@ -26,6 +26,6 @@ impl CudaEngine {
         y: &mut CudaSlice<f32>,
     ) -> Result<()> {
         // SAFETY: `Bf16ToF32` has signature (const bf16_t*, float*, long long).
-        unsafe { self.launch_unary_as(S::KIND, "storage_to_f32", Kernel::Bf16ToF32, x, y) }
+        unsafe { self.launch_unary_as(S::KIND, "storage_to_f32", Kernel::Bf16ToF32, 1, x, y) }
     }
 }

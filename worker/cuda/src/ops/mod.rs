@@ -25,7 +25,8 @@ use crate::storage::StorageKind;
 
 impl CudaEngine {
     /// Launches an elementwise kernel with signature `(const A*, B*, long long n)` over
-    /// `n = x.len()` elements.
+    /// `n = x.len()` elements, one thread per `per_thread` elements (a grid-stride kernel covers
+    /// every element whatever the grid).
     ///
     /// # Safety
     /// `kernel` must have exactly that signature and touch only indices `< n`.
@@ -34,6 +35,7 @@ impl CudaEngine {
         storage: StorageKind,
         op: &'static str,
         kernel: Kernel,
+        per_thread: usize,
         x: &CudaSlice<A>,
         y: &mut CudaSlice<B>,
     ) -> Result<()> {
@@ -48,7 +50,7 @@ impl CudaEngine {
             self.launch_as(
                 storage,
                 kernel,
-                elementwise_config(n),
+                elementwise_config(n.div_ceil(per_thread.max(1))),
                 || format!("n={n}"),
                 |args| {
                     args.arg(x).arg(y).arg(&count);
