@@ -1,8 +1,8 @@
 //! Streaming Sortformer on the GPU (`cuda-engine`'s [`GpuSortformer`]) behind the worker's
 //! [`DiarizationEngine`] trait. Warmed up (one full-size streaming step) before the worker
 //! reports ready; a sticky CUDA fault exits the worker with status 70 like the transcription
-//! engine (`WorkerError::Cuda` is fatal when sticky). Stored in bf16 or, with
-//! `--cuda-diar-precision f32`, f32 (the CPU engine's results).
+//! engine (`WorkerError::Cuda` is fatal when sticky). Stored in f32 (`--cuda-diar-precision`,
+//! the default: the CPU engine's results) or bf16 (faster, a few frame decisions differ).
 
 use std::path::Path;
 
