@@ -16,7 +16,7 @@ use crate::engine::EngineKind;
 use crate::error::WorkerError;
 
 /// `worker serve --task diarize --engine cuda` options.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CudaDiarSettings {
     /// GPU ordinal (after `CUDA_VISIBLE_DEVICES`).
     pub device: usize,
