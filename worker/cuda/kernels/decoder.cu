@@ -1,14 +1,25 @@
-// Label-looping TDT greedy decoding on the GPU (f32), one uniform step per launch sequence:
+// Label-looping TDT greedy decoding on the GPU (f32) in one persistent cooperative kernel.
 //
-//   tdt_lstm_step (per layer) -> tdt_pred_project -> tdt_joint -> tdt_advance
+// `tdt_decode` runs up to `max_steps` uniform steps without returning to the host. A step:
 //
-// A step evaluates the joint once for every active row. Rows that emitted a label in the
-// previous step first run the prediction network on it (the other rows keep their state and
-// projection), so a row's sequence of joint evaluations is exactly the CPU loop's
-// (models::tdt): blanks advance the frame and look again with the same prediction output,
-// labels are emitted at the frame where they were found. Every kernel reads its shapes from
-// arguments and its per-row decoding state from `rs`, so one captured sequence serves every
-// batch inside the envelope it was sized for.
+//   [rows that emitted a label last step exist]
+//     LSTM layer 0 .. layer L-1 (grid barrier after each) -> joint.pred (grid barrier)
+//   joint for every active row (grid barrier) -> choice of label and duration, advance
+//
+// Rows that emitted a label in the previous step first run the prediction network on it (the
+// other rows keep their state and projection), so a row's sequence of joint evaluations is
+// exactly the CPU loop's (models::tdt): blanks advance the frame and look again with the same
+// prediction output, labels are emitted at the frame where they were found.
+//
+// Every block keeps its own copy of the row state in shared memory and makes the same choices
+// from the same joint outputs, so the blocks agree on what runs next without another barrier; block 0
+// alone writes tokens and the final row state. Work inside a phase is split over the blocks
+// (block b owns outputs b, b + G, b + 2G, ...) and over the block's warps in tiles: a warp
+// multiplies TILE weight rows by up to ROW_CHUNK staged batch rows over one CHUNK of the inner
+// dimension, so weights are read once per step (up to ROW_CHUNK rows) and each staged value
+// read from shared memory feeds TILE multiply-adds. The choice of label and duration reduces
+// per-block partial maxima instead of every logit. The launch must be cooperative: the grid
+// barrier needs every block resident.
 //
 // Row state `rs[row * RS_FIELDS + field]`:
 #define RS_FIELDS 8
@@ -21,26 +32,551 @@
 #define RS_TOKENS 6        // tokens written to this row's output
 #define RS_ENC_ROW 7       // first row of this utterance in the projected encoder output
 
-// Rows handled by one block of the matrix-vector kernels (their inputs live in shared memory).
-#define ROWS_PER_BLOCK 8
-#define WARPS_PER_BLOCK 8
+// Loop bookkeeping `ds[field]`, kept across launches so a decode may span several.
+#define DS_FIELDS 4
+#define DS_STEPS 0      // steps run since the reset
+#define DS_PARITY 1     // which half of h/c holds the current state
+#define DS_BAR_COUNT 2  // grid barrier: arrivals ever (wraps; compared as a difference)
+#define DS_BAR_BASE 3   // DS_BAR_COUNT when the last launch ended: where this launch starts
 
-__device__ __forceinline__ bool row_active(const int* rs, int row) {
-    return rs[row * RS_FIELDS + RS_TIME] < rs[row * RS_FIELDS + RS_FRAMES];
+#define DEC_WARPS 16  // warps per block
+#define ROW_CHUNK 16  // batch rows staged (and accumulated in registers) per pass
+#define TILE 4        // weight rows per work item (an LSTM unit's four gates)
+#define CHUNK 128     // inner-dimension values per work item: one float4 per lane
+#define PARTIAL 4     // per block and row: best label value, its index, best duration, index
+
+struct TdtParams {
+    int* rs;                // [rows, RS_FIELDS]
+    int* ds;                // [DS_FIELDS]
+    int* tokens;            // [rows, token_capacity, 3]: (id, frame, duration)
+    const float* x_table;   // [vocab + 1, 4H]: layer 0's input part W_ih x + b_ih + b_hh per label
+    const float* w_hh;      // [layers, 4H, H] (gate order i, f, g, o)
+    const float* w_ih;      // [layers - 1, 4H, H]: the layers above the first
+    const float* bias;      // [layers - 1, 4H]: b_ih + b_hh of the layers above the first
+    float* h;               // [2, layers, rows, H]: two halves, DS_PARITY says which is current
+    float* c;               // [2, layers, rows, H]
+    const float* pred_w;    // [J, H]
+    const float* pred_b;    // [J]
+    float* pred_proj;       // [rows, J]
+    const float* enc_proj;  // [frames, J]
+    const float* out_w;     // [n_out, J]
+    const float* out_b;     // [n_out]
+    float* partial;         // [2, rows, grid, PARTIAL]: halves alternate by step
+    const int* durations;   // [n_durations]
+    int rows;
+    int layers;
+    int hidden;
+    int joint_hidden;
+    int n_out;
+    int n_classes;  // vocab + 1 (blank last)
+    int n_durations;
+    int max_symbols;
+    int token_capacity;
+    int max_steps;
+};
+
+__device__ __forceinline__ bool row_active(const int* s) {
+    return s[RS_TIME] < s[RS_FRAMES];
 }
 
-__device__ __forceinline__ bool row_predicts(const int* rs, int row) {
-    return rs[row * RS_FIELDS + RS_NEED_PREDICT] != 0;
+// Rows of the chunk at row0 that run the prediction network this step (bit r: row0 + r).
+__device__ unsigned predicting_rows(const int* srs, int row0, int rows) {
+    unsigned sel = 0;
+    for (int r = 0; r < ROW_CHUNK && row0 + r < rows; ++r) {
+        const int* s = srs + (row0 + r) * RS_FIELDS;
+        if (s[RS_NEED_PREDICT] && row_active(s)) sel |= 1u << r;
+    }
+    return sel;
 }
 
-// Zero state, every used row feeds the start-of-sequence label first; rows >= batch are unused.
-extern "C" __global__ void tdt_reset(int* rs, const int* frames, const int* enc_rows, int batch,
-                                     int rows, int blank, float* h, float* c,
+__device__ unsigned active_rows(const int* srs, int row0, int rows) {
+    unsigned sel = 0;
+    for (int r = 0; r < ROW_CHUNK && row0 + r < rows; ++r)
+        if (row_active(srs + (row0 + r) * RS_FIELDS)) sel |= 1u << r;
+    return sel;
+}
+
+// Every block arrives, then all leave; writes before it are visible to every block after it
+// (readers of data written inside this kernel use __ldcg, past the non-coherent L1). The count
+// only grows, so leaving needs one look at it, not a reset and a second flag; `target` is the
+// count once every block has arrived, the same in every block.
+__device__ void grid_barrier(int* ds, unsigned& target) {
+    target += gridDim.x;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned* count = reinterpret_cast<unsigned*>(ds + DS_BAR_COUNT);
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
+        unsigned seen;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
+                         : "=r"(seen)
+                         : "l"(count)
+                         : "memory");
+        } while ((int)(seen - target) < 0);
+    }
+    __syncthreads();
+}
+
+// Copies the selected rows of src ([rows, k] floats, written in this kernel) to dst
+// ([ROW_CHUNK, k]); k % 4 == 0.
+__device__ void stage_rows(float* dst, const float* src, int row0, unsigned sel, int k) {
+    const int quads = k / 4;
+    for (int i = threadIdx.x; i < ROW_CHUNK * quads; i += blockDim.x) {
+        const int r = i / quads, q = i % quads;
+        if (sel >> r & 1)
+            reinterpret_cast<float4*>(dst)[i] =
+                __ldcg(reinterpret_cast<const float4*>(src + (long long)(row0 + r) * k) + q);
+    }
+}
+
+// This lane's float4 at k of each of the TILE weight rows (w[q] null, or k past the row length
+// `len`: zeros).
+__device__ __forceinline__ void load_tile(float4 (&wv)[TILE], const float* const (&w)[TILE],
+                                          int len, int k) {
+#pragma unroll
+    for (int q = 0; q < TILE; ++q)
+        wv[q] = w[q] && k < len ? __ldg(reinterpret_cast<const float4*>(w[q] + k))
+                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
+// acc[r * TILE + q] += wv[q] . xs[r][k..k+4) for the selected rows r (xs: [ROW_CHUNK][len]).
+__device__ __forceinline__ void fma_tile(float (&acc)[ROW_CHUNK * TILE], const float4 (&wv)[TILE],
+                                         const float* xs, int len, int k, unsigned sel) {
+    if (k >= len) return;
+#pragma unroll
+    for (int r = 0; r < ROW_CHUNK; ++r) {
+        if (!(sel >> r & 1)) continue;
+        const float4 x = *reinterpret_cast<const float4*>(xs + r * len + k);
+#pragma unroll
+        for (int q = 0; q < TILE; ++q) {
+            float a = acc[r * TILE + q];
+            a = fmaf(wv[q].x, x.x, a);
+            a = fmaf(wv[q].y, x.y, a);
+            a = fmaf(wv[q].z, x.z, a);
+            acc[r * TILE + q] = fmaf(wv[q].w, x.w, a);
+        }
+    }
+}
+
+__device__ __forceinline__ void zero_tile(float (&acc)[ROW_CHUNK * TILE]) {
+#pragma unroll
+    for (int i = 0; i < ROW_CHUNK * TILE; ++i) acc[i] = 0.0f;
+}
+
+// One halving exchange over lanes `offset` apart: sums the values i and i + HALF of the two
+// lanes, keeping (in acc[0..HALF)) the half this lane's `offset` bit selects.
+template <int HALF>
+__device__ __forceinline__ void halve(float (&acc)[ROW_CHUNK * TILE], int offset) {
+    const bool upper = threadIdx.x & offset;
+#pragma unroll
+    for (int i = 0; i < HALF; ++i) {
+        const float send = upper ? acc[i] : acc[i + HALF];
+        const float keep = upper ? acc[i + HALF] : acc[i];
+        acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+    }
+}
+
+// Sums each of the 64 accumulators over the warp and stores them at out[0..64): halving
+// exchanges take 32 + 16 + 8 + 4 + 2 shuffles instead of 64 * 5, and leave values 2l, 2l + 1
+// in lane l.
+__device__ __forceinline__ void store_warp_sums(float (&acc)[ROW_CHUNK * TILE], float* out) {
+    static_assert(ROW_CHUNK * TILE == 64, "five halvings leave two values per lane");
+    halve<32>(acc, 16);
+    halve<16>(acc, 8);
+    halve<8>(acc, 4);
+    halve<4>(acc, 2);
+    halve<2>(acc, 1);
+    const int lane = threadIdx.x & 31;
+    out[2 * lane] = acc[0];
+    out[2 * lane + 1] = acc[1];
+}
+
+// Work items of `groups` tiles over an inner dimension of `len`: item = group * chunks + chunk.
+__device__ __forceinline__ int chunks_of(int len) { return (len + CHUNK - 1) / CHUNK; }
+
+// Sum over the chunks of tile `group`'s value for row r, weight row q (parts as stored by
+// store_warp_sums, one 64-value slot per item).
+__device__ __forceinline__ float tile_sum(const float* parts, int group, int chunks, int r,
+                                          int q) {
+    float sum = 0.0f;
+    for (int c = 0; c < chunks; ++c) sum += parts[(group * chunks + c) * 64 + r * TILE + q];
+    return sum;
+}
+
+// One LSTM layer for the rows that predict: reads the current half of h/c (and layer l - 1's
+// new h), writes the other half. Rows that do not predict carry their state over unchanged.
+__device__ void lstm_layer(const TdtParams& p, int l, int parity, const int* srs, float* stage,
+                           float* parts) {
+    const int H = p.hidden;
+    const long long layer = (long long)p.rows * H;
+    const long long old_at = ((long long)parity * p.layers + l) * layer;
+    const long long new_at = ((long long)(1 - parity) * p.layers + l) * layer;
+    const float* h_old = p.h + old_at;
+    const float* c_old = p.c + old_at;
+    float* h_new = p.h + new_at;
+    float* c_new = p.c + new_at;
+    const float* w_hh = p.w_hh + (long long)l * 4 * H * H;
+    const float* w_ih = l > 0 ? p.w_ih + (long long)(l - 1) * 4 * H * H : nullptr;
+
+    const int threads = gridDim.x * blockDim.x;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.rows * H; i += threads) {
+        const int* s = srs + (i / H) * RS_FIELDS;
+        if (!(s[RS_NEED_PREDICT] && row_active(s))) {
+            h_new[i] = __ldcg(h_old + i);
+            c_new[i] = __ldcg(c_old + i);
+        }
+    }
+
+    float* hs = stage;                  // [ROW_CHUNK][H]: the rows' h of this layer
+    float* xs = stage + ROW_CHUNK * H;  // [ROW_CHUNK][H]: their new h of the layer below
+    const int units = (H - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+    const int chunks = chunks_of(H);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK) {
+        const unsigned sel = predicting_rows(srs, row0, p.rows);
+        if (sel == 0) continue;  // uniform: every thread reads the same shared row state
+        // Item (unit u, chunk c): the unit's four gate rows of W_hh (and W_ih) over one chunk.
+        // The first item's weights and the epilogue's inputs do not depend on the stage: their
+        // loads are issued first, so their latency overlaps the staging.
+        auto gate_rows = [&](const float* w, int item, const float* (&rows)[TILE]) {
+            const int unit = blockIdx.x + (item / chunks) * gridDim.x;
+#pragma unroll
+            for (int g = 0; g < TILE; ++g) rows[g] = w + ((long long)g * H + unit) * H;
+        };
+        auto load_item = [&](int item, float4 (&hh)[TILE], float4 (&ih)[TILE]) {
+            const float* rows[TILE];
+            const int k = (item % chunks) * CHUNK + lane * 4;
+            gate_rows(w_hh, item, rows);
+            load_tile(hh, rows, H, k);
+            if (l > 0) {
+                gate_rows(w_ih, item, rows);
+                load_tile(ih, rows, H, k);
+            }
+        };
+        float4 hh[TILE], ih[TILE];
+        if (warp < units * chunks) load_item(warp, hh, ih);
+        // The epilogue's first (unit, row): gate additions and old cell state.
+        const int u0 = threadIdx.x / ROW_CHUNK, r0 = threadIdx.x % ROW_CHUNK;
+        const bool early = u0 < units && (sel >> r0 & 1);
+        float add0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c0 = 0.0f;
+        auto epilogue_inputs = [&](int u, int r, float (&add)[4], float& c) {
+            const int unit = blockIdx.x + u * gridDim.x, row = row0 + r;
+            const float* from =
+                l == 0 ? p.x_table + (long long)srs[row * RS_FIELDS + RS_LABEL] * 4 * H
+                       : p.bias + (long long)(l - 1) * 4 * H;
+#pragma unroll
+            for (int g = 0; g < 4; ++g) add[g] = __ldg(from + g * H + unit);
+            c = __ldcg(c_old + (long long)row * H + unit);
+        };
+        if (early) epilogue_inputs(u0, r0, add0, c0);
+
+        __syncthreads();  // the previous chunk is done with the stage and the parts
+        stage_rows(hs, h_old, row0, sel, H);
+        if (l > 0) stage_rows(xs, h_new - layer, row0, sel, H);  // layer l - 1, new half
+        __syncthreads();
+        for (int item = warp; item < units * chunks; item += DEC_WARPS) {
+            if (item != warp) load_item(item, hh, ih);
+            const int k = (item % chunks) * CHUNK + lane * 4;
+            float acc[ROW_CHUNK * TILE];
+            zero_tile(acc);
+            fma_tile(acc, hh, hs, H, k, sel);
+            if (l > 0) fma_tile(acc, ih, xs, H, k, sel);
+            store_warp_sums(acc, parts + item * 64);
+        }
+        __syncthreads();
+        for (int i = threadIdx.x; i < units * ROW_CHUNK; i += blockDim.x) {
+            const int u = i / ROW_CHUNK, r = i % ROW_CHUNK, row = row0 + r;
+            if (!(sel >> r & 1)) continue;
+            float add[4], c;
+            if (i == (int)threadIdx.x) {
+#pragma unroll
+                for (int g = 0; g < 4; ++g) add[g] = add0[g];
+                c = c0;
+            } else {
+                epilogue_inputs(u, r, add, c);
+            }
+            float gate[4];
+#pragma unroll
+            for (int g = 0; g < 4; ++g) gate[g] = tile_sum(parts, u, chunks, r, g) + add[g];
+            const long long at = (long long)row * H + blockIdx.x + u * gridDim.x;
+            const float cell = sigmoid_f32(gate[1]) * c + sigmoid_f32(gate[0]) * tanhf(gate[2]);
+            c_new[at] = cell;
+            h_new[at] = sigmoid_f32(gate[3]) * tanhf(cell);
+        }
+    }
+}
+
+// Items of w . x for this block's outputs o = blockIdx.x + (group * TILE + q) * gridDim.x < n:
+// issues the first item's weight loads, runs `stage` (which fills xs, [ROW_CHUNK][len]) between
+// two block barriers, then each warp sums its items into parts. Returns the group count.
+template <typename Stage>
+__device__ int block_linear_parts(const float* w, const float* xs, int len, int n, unsigned sel,
+                                  float* parts, Stage stage) {
+    const int mine = (n - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+    const int groups = (mine + TILE - 1) / TILE, chunks = chunks_of(len);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    auto load_item = [&](int item, float4 (&wv)[TILE]) {
+        const float* rows_of_w[TILE];
+#pragma unroll
+        for (int q = 0; q < TILE; ++q) {
+            const int o = blockIdx.x + ((item / chunks) * TILE + q) * gridDim.x;
+            rows_of_w[q] = o < n ? w + (long long)o * len : nullptr;
+        }
+        load_tile(wv, rows_of_w, len, (item % chunks) * CHUNK + lane * 4);
+    };
+    float4 wv[TILE];
+    if (warp < groups * chunks) load_item(warp, wv);
+    __syncthreads();  // the previous chunk is done with the stage and the parts
+    stage();
+    __syncthreads();
+    for (int item = warp; item < groups * chunks; item += DEC_WARPS) {
+        if (item != warp) load_item(item, wv);
+        float acc[ROW_CHUNK * TILE];
+        zero_tile(acc);
+        fma_tile(acc, wv, xs, len, (item % chunks) * CHUNK + lane * 4, sel);
+        store_warp_sums(acc, parts + item * 64);
+    }
+    return groups;
+}
+
+// pred_proj[row] = joint.pred(new top-layer h[row]) for the rows that predict.
+__device__ void pred_phase(const TdtParams& p, int parity, const int* srs, float* stage,
+                           float* parts) {
+    const long long layer = (long long)p.rows * p.hidden;
+    const float* h_top = p.h + ((long long)(1 - parity) * p.layers + p.layers - 1) * layer;
+    for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK) {
+        const unsigned sel = predicting_rows(srs, row0, p.rows);
+        if (sel == 0) continue;
+        const int groups =
+            block_linear_parts(p.pred_w, stage, p.hidden, p.joint_hidden, sel, parts,
+                               [&] { stage_rows(stage, h_top, row0, sel, p.hidden); });
+        __syncthreads();
+        const int chunks = chunks_of(p.hidden);
+        for (int i = threadIdx.x; i < groups * TILE * ROW_CHUNK; i += blockDim.x) {
+            const int r = i % ROW_CHUNK, q = (i / ROW_CHUNK) % TILE, group = i / (ROW_CHUNK * TILE);
+            const int o = blockIdx.x + (group * TILE + q) * gridDim.x;
+            if (!(sel >> r & 1) || o >= p.joint_hidden) continue;
+            p.pred_proj[(long long)(row0 + r) * p.joint_hidden + o] =
+                tile_sum(parts, group, chunks, r, q) + __ldg(p.pred_b + o);
+        }
+    }
+}
+
+// joint.out(relu(enc_proj[frame] + pred_proj[row])) for the active rows; per row, this block's
+// best label and best duration output go to partial[row][block].
+__device__ void joint_phase(const TdtParams& p, const int* srs, float* stage, float* parts,
+                            float* partial) {
+    const int J = p.joint_hidden, quads = J / 4;
+    for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK) {
+        const unsigned sel = active_rows(srs, row0, p.rows);
+        if (sel == 0) continue;
+        auto stage_joint_input = [&] {
+            for (int i = threadIdx.x; i < ROW_CHUNK * quads; i += blockDim.x) {
+                const int r = i / quads, q = i % quads;
+                if (!(sel >> r & 1)) continue;
+                const int* s = srs + (row0 + r) * RS_FIELDS;
+                const float4 e = __ldg(
+                    reinterpret_cast<const float4*>(
+                        p.enc_proj + ((long long)s[RS_ENC_ROW] + s[RS_TIME]) * J) +
+                    q);
+                const float4 v = __ldcg(
+                    reinterpret_cast<const float4*>(p.pred_proj + (long long)(row0 + r) * J) + q);
+                reinterpret_cast<float4*>(stage)[i] =
+                    make_float4(fmaxf(v.x + e.x, 0.0f), fmaxf(v.y + e.y, 0.0f),
+                                fmaxf(v.z + e.z, 0.0f), fmaxf(v.w + e.w, 0.0f));
+            }
+        };
+        const int groups =
+            block_linear_parts(p.out_w, stage, J, p.n_out, sel, parts, stage_joint_input);
+        __syncthreads();
+        const int r = threadIdx.x, chunks = chunks_of(J);
+        if (r >= ROW_CHUNK || !(sel >> r & 1)) continue;
+        // Outputs in increasing order, strict '>': the first index of the maximum (torch).
+        float best_label = 0.0f, best_duration = 0.0f;
+        int label = -1, duration = -1;  // -1: none of this block's outputs is of the kind
+        for (int group = 0; group < groups; ++group) {
+            for (int q = 0; q < TILE; ++q) {
+                const int o = blockIdx.x + (group * TILE + q) * gridDim.x;
+                if (o >= p.n_out) break;
+                const float v = tile_sum(parts, group, chunks, r, q) + __ldg(p.out_b + o);
+                if (o < p.n_classes) {
+                    if (label < 0 || v > best_label) {
+                        best_label = v;
+                        label = o;
+                    }
+                } else if (duration < 0 || v > best_duration) {
+                    best_duration = v;
+                    duration = o - p.n_classes;
+                }
+            }
+        }
+        float* out = partial + ((long long)(row0 + r) * gridDim.x + blockIdx.x) * PARTIAL;
+        __stcg(reinterpret_cast<float4*>(out),
+               make_float4(best_label, __int_as_float(label), best_duration,
+                           __int_as_float(duration)));
+    }
+}
+
+// The best (value, index) of one kind over every block's partial for a row, in every lane:
+// greater value wins, the lower index on ties (index -1: that block had no output of the kind).
+__device__ int warp_best(const float* row_partial, int kind) {
+    const int lane = threadIdx.x & 31;
+    float best = 0.0f;
+    int index = -1;
+    for (int b = lane; b < (int)gridDim.x; b += 32) {
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(row_partial) + b);
+        const float value = kind == 0 ? v.x : v.z;
+        const int at = __float_as_int(kind == 0 ? v.y : v.w);
+        if (at >= 0 && (index < 0 || value > best || (value == best && at < index))) {
+            best = value;
+            index = at;
+        }
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        const float other = __shfl_xor_sync(0xffffffffu, best, offset);
+        const int other_index = __shfl_xor_sync(0xffffffffu, index, offset);
+        if (other_index >= 0 &&
+            (index < 0 || other > best || (other == best && other_index < index))) {
+            best = other;
+            index = other_index;
+        }
+    }
+    return index;
+}
+
+// Every block: choose each active row's label and duration from the partials and move the row
+// on (the CPU loop's rules) in its shared row state; block 0 also writes the tokens. A row that
+// would exceed `token_capacity` stops emitting and is marked by RS_TOKENS = token_capacity + 1
+// (the host reports it).
+__device__ void advance_phase(const TdtParams& p, int* srs, const float* partial) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int row = warp; row < p.rows; row += DEC_WARPS) {
+        int* s = srs + row * RS_FIELDS;
+        if (!row_active(s)) {
+            if (lane == 0) s[RS_NEED_PREDICT] = 0;
+            continue;
+        }
+        const float* v = partial + (long long)row * gridDim.x * PARTIAL;
+        const int label = warp_best(v, 0);
+        int duration = __ldg(p.durations + warp_best(v, 1));
+        if (lane != 0) continue;
+        s[RS_NEED_PREDICT] = 0;
+        const int blank = p.n_classes - 1;
+        if (label == blank && duration == 0) duration = 1;
+        const int frame = s[RS_TIME];
+        s[RS_TIME] = frame + duration;
+        if (label == blank) continue;
+
+        const int n = s[RS_TOKENS];
+        if (n >= p.token_capacity) {
+            s[RS_TOKENS] = p.token_capacity + 1;
+            s[RS_TIME] = s[RS_FRAMES];
+            continue;
+        }
+        if (blockIdx.x == 0) {
+            int* t = p.tokens + ((long long)row * p.token_capacity + n) * 3;
+            t[0] = label;
+            t[1] = frame;
+            t[2] = duration;
+        }
+        s[RS_TOKENS] = n + 1;
+        if (s[RS_LAST_EMIT] == frame) {
+            s[RS_EMITS] += 1;
+        } else {
+            s[RS_LAST_EMIT] = frame;
+            s[RS_EMITS] = 1;
+        }
+        s[RS_LABEL] = label;
+        s[RS_NEED_PREDICT] = 1;
+        // After max_symbols labels at one frame, move on by one frame.
+        if (row_active(s) && s[RS_EMITS] >= p.max_symbols && s[RS_LAST_EMIT] == s[RS_TIME])
+            s[RS_TIME] += 1;
+    }
+}
+
+// Dynamic shared memory: stage [2][ROW_CHUNK][max(H, J)] floats, then the warps' tile sums
+// [max_tiles(grid) * chunks_of(max(H, J))][64] floats, then the row state [rows][RS_FIELDS].
+__device__ __forceinline__ int max_tiles(const TdtParams& p) {
+    const int g = gridDim.x;
+    const int per_block = max(max((p.hidden + g - 1) / g, (p.joint_hidden + g - 1) / g),
+                              (p.n_out + g - 1) / g);
+    return max((p.hidden + g - 1) / g, (per_block + TILE - 1) / TILE);
+}
+
+extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const TdtParams p) {
+    extern __shared__ float4 shared4[];
+    float* stage = reinterpret_cast<float*>(shared4);
+    const int width = max(p.hidden, p.joint_hidden);
+    float* parts = stage + 2 * ROW_CHUNK * width;
+    int* srs = reinterpret_cast<int*>(parts + max_tiles(p) * chunks_of(width) * 64);
+    __shared__ int any_active, any_predicting;
+
+    for (int i = threadIdx.x; i < p.rows * RS_FIELDS; i += blockDim.x) srs[i] = __ldcg(p.rs + i);
+    const int first_step = __ldcg(p.ds + DS_STEPS);
+    int parity = __ldcg(p.ds + DS_PARITY);
+    unsigned barrier = (unsigned)__ldcg(p.ds + DS_BAR_BASE);
+    __syncthreads();
+    int step = 0;
+    for (; step < p.max_steps; ++step) {
+        if (threadIdx.x < 32) {
+            bool active = false, predicting = false;
+            for (int row = threadIdx.x; row < p.rows; row += 32) {
+                const int* s = srs + row * RS_FIELDS;
+                active |= row_active(s);
+                predicting |= row_active(s) && s[RS_NEED_PREDICT];
+            }
+            active = __any_sync(0xffffffffu, active);
+            predicting = __any_sync(0xffffffffu, predicting);
+            if (threadIdx.x == 0) {
+                any_active = active;
+                any_predicting = predicting;
+            }
+        }
+        __syncthreads();
+        if (!any_active) break;  // the same in every block: their row states are equal
+        if (any_predicting) {
+            for (int l = 0; l < p.layers; ++l) {
+                lstm_layer(p, l, parity, srs, stage, parts);
+                grid_barrier(p.ds, barrier);
+            }
+            pred_phase(p, parity, srs, stage, parts);
+            parity ^= 1;
+            grid_barrier(p.ds, barrier);
+        }
+        // Alternate halves: a block may still read step s's partials while another writes s + 1's.
+        float* partial = p.partial + (long long)((first_step + step) & 1) * p.rows * gridDim.x *
+                                         PARTIAL;
+        joint_phase(p, srs, stage, parts, partial);
+        grid_barrier(p.ds, barrier);
+        advance_phase(p, srs, partial);
+        __syncthreads();
+    }
+    if (blockIdx.x == 0) {
+        for (int i = threadIdx.x; i < p.rows * RS_FIELDS; i += blockDim.x) p.rs[i] = srs[i];
+        if (threadIdx.x == 0) {
+            p.ds[DS_STEPS] = first_step + step;
+            p.ds[DS_PARITY] = parity;
+            // Read by the next launch only: every block read this launch's base before it
+            // arrived at its first barrier, and block 0 got here past the last one.
+            p.ds[DS_BAR_BASE] = (int)barrier;
+        }
+    }
+}
+
+// Zero state (both halves), every used row feeds the start-of-sequence label first; rows >=
+// batch are unused. Leaves the barrier fields of ds alone (the count and its base stay
+// consistent across launches).
+extern "C" __global__ void tdt_reset(int* rs, int* ds, const int* frames, const int* enc_rows,
+                                     int batch, int rows, int blank, float* h, float* c,
                                      long long state_len) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < state_len;
          i += (long long)gridDim.x * blockDim.x) {
         h[i] = 0.0f;
         c[i] = 0.0f;
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        ds[DS_STEPS] = 0;
+        ds[DS_PARITY] = 0;
     }
     for (int row = blockIdx.x * blockDim.x + threadIdx.x; row < rows;
          row += gridDim.x * blockDim.x) {
@@ -55,289 +591,4 @@ extern "C" __global__ void tdt_reset(int* rs, const int* frames, const int* enc_
         r[RS_TOKENS] = 0;
         r[RS_ENC_ROW] = row < batch ? enc_rows[row] : 0;
     }
-}
-
-// One LSTM layer for the rows that predict: gates = W_ih x + W_hh h + bias (order i, f, g, o).
-// One warp per hidden unit; the block's rows' x and h are staged in shared memory.
-// Layer 0 reads x from the embedding table at the row's label, later layers read the new h of
-// the layer below. Writes h_new/c_new; tdt_advance commits them.
-extern "C" __global__ void tdt_lstm_step(const int* rs, int rows, const float* embedding,
-                                         const float* x_below, int from_embedding,
-                                         const float* w_ih, const float* w_hh,
-                                         const float* bias, const float* h, const float* c,
-                                         float* h_new, float* c_new, int hidden) {
-    extern __shared__ float4 stage4[];
-    float* xs = reinterpret_cast<float*>(stage4);  // [ROWS_PER_BLOCK][hidden]
-    float* hs = xs + ROWS_PER_BLOCK * hidden;      // [ROWS_PER_BLOCK][hidden]
-    __shared__ const float* x_src[ROWS_PER_BLOCK];
-    __shared__ bool selected[ROWS_PER_BLOCK];
-    const int row0 = blockIdx.y * ROWS_PER_BLOCK;
-    const int n_rows = min(ROWS_PER_BLOCK, rows - row0);
-    // Resolve each row's inputs once: the staging loop below then has no dependent loads.
-    if (threadIdx.x < ROWS_PER_BLOCK) {
-        const int r = threadIdx.x, row = row0 + r;
-        selected[r] = r < n_rows && row_predicts(rs, row);
-        x_src[r] = !selected[r]       ? nullptr
-                   : from_embedding ? embedding +
-                                          (long long)rs[row * RS_FIELDS + RS_LABEL] * hidden
-                                    : x_below + (long long)row * hidden;
-    }
-    __syncthreads();
-    bool any = false;
-#pragma unroll
-    for (int r = 0; r < ROWS_PER_BLOCK; ++r) any |= selected[r];
-    if (!any) return;
-
-    const int quads = hidden / 4;
-    for (int i = threadIdx.x; i < ROWS_PER_BLOCK * quads; i += blockDim.x) {
-        const int r = i / quads, q = i % quads;
-        if (!selected[r]) continue;
-        reinterpret_cast<float4*>(xs)[r * quads + q] =
-            reinterpret_cast<const float4*>(x_src[r])[q];
-        reinterpret_cast<float4*>(hs)[r * quads + q] =
-            reinterpret_cast<const float4*>(h + (long long)(row0 + r) * hidden)[q];
-    }
-    __syncthreads();
-
-    const int lane = threadIdx.x & 31;
-    const int unit = blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
-    if (unit >= hidden) return;
-    float acc[4][ROWS_PER_BLOCK];
-#pragma unroll
-    for (int g = 0; g < 4; ++g)
-#pragma unroll
-        for (int r = 0; r < ROWS_PER_BLOCK; ++r) acc[g][r] = 0.0f;
-    // float4 loads (hidden % 4 == 0, checked on the host), unrolled so several rows of weights
-    // are in flight at once: the step is latency-bound, not bandwidth-bound.
-#pragma unroll 2
-    for (int k = lane * 4; k < hidden; k += 128) {
-        float4 wi[4], wh[4];
-#pragma unroll
-        for (int g = 0; g < 4; ++g) {
-            const long long w_row = (long long)(g * hidden + unit) * hidden;
-            wi[g] = *reinterpret_cast<const float4*>(w_ih + w_row + k);
-            wh[g] = *reinterpret_cast<const float4*>(w_hh + w_row + k);
-        }
-#pragma unroll
-        for (int r = 0; r < ROWS_PER_BLOCK; ++r) {
-            if (selected[r]) {
-                const float4 xv = *reinterpret_cast<const float4*>(xs + r * hidden + k);
-                const float4 hv = *reinterpret_cast<const float4*>(hs + r * hidden + k);
-#pragma unroll
-                for (int g = 0; g < 4; ++g)
-                    acc[g][r] += wi[g].x * xv.x + wi[g].y * xv.y + wi[g].z * xv.z +
-                                 wi[g].w * xv.w + wh[g].x * hv.x + wh[g].y * hv.y +
-                                 wh[g].z * hv.z + wh[g].w * hv.w;
-            }
-        }
-    }
-#pragma unroll
-    for (int g = 0; g < 4; ++g)
-#pragma unroll
-        for (int r = 0; r < ROWS_PER_BLOCK; ++r) acc[g][r] = warp_sum(acc[g][r]);
-    if (lane != 0) return;
-    for (int r = 0; r < n_rows; ++r) {
-        const int row = row0 + r;
-        if (!selected[r]) continue;
-        const float i = sigmoid_f32(acc[0][r] + bias[unit]);
-        const float f = sigmoid_f32(acc[1][r] + bias[hidden + unit]);
-        const float g = tanhf(acc[2][r] + bias[2 * hidden + unit]);
-        const float o = sigmoid_f32(acc[3][r] + bias[3 * hidden + unit]);
-        const long long at = (long long)row * hidden + unit;
-        const float cell = f * c[at] + i * g;
-        c_new[at] = cell;
-        h_new[at] = o * tanhf(cell);
-    }
-}
-
-// out[row, o] = x[row] . w[o] + b[o] for the rows selected by `which` (0: rows that predict,
-// 1: active rows). One warp per output; rows staged in shared memory. For the joint (`joint`
-// = 1) the staged row is relu(enc_proj[enc_row + time] + pred_proj[row]) instead of x[row].
-__device__ void rows_times_matrix(const int* rs, int rows, int which, int joint,
-                                  const float* x, const float* enc_proj, const float* w,
-                                  const float* b, float* out, int in_dim, int out_dim) {
-    extern __shared__ float4 stage4[];
-    float* xs = reinterpret_cast<float*>(stage4);  // [ROWS_PER_BLOCK][in_dim]
-    __shared__ const float* x_src[ROWS_PER_BLOCK];
-    __shared__ const float* enc_src[ROWS_PER_BLOCK];
-    __shared__ bool selected[ROWS_PER_BLOCK];
-    const int row0 = blockIdx.y * ROWS_PER_BLOCK;
-    const int n_rows = min(ROWS_PER_BLOCK, rows - row0);
-    // Resolve each row's inputs once: the staging loop below then has no dependent loads.
-    if (threadIdx.x < ROWS_PER_BLOCK) {
-        const int r = threadIdx.x, row = row0 + r;
-        selected[r] = r < n_rows &&
-                      (which == 0 ? row_predicts(rs, row) : row_active(rs, row));
-        x_src[r] = x + (long long)row * in_dim;
-        enc_src[r] = nullptr;
-        if (joint && selected[r]) {
-            const int* st = rs + row * RS_FIELDS;
-            enc_src[r] = enc_proj + ((long long)st[RS_ENC_ROW] + st[RS_TIME]) * in_dim;
-        }
-    }
-    __syncthreads();
-    bool any = false;
-#pragma unroll
-    for (int r = 0; r < ROWS_PER_BLOCK; ++r) any |= selected[r];
-    if (!any) return;
-
-    const int quads = in_dim / 4;
-    for (int i = threadIdx.x; i < ROWS_PER_BLOCK * quads; i += blockDim.x) {
-        const int r = i / quads, q = i % quads;
-        if (!selected[r]) continue;
-        float4 v = reinterpret_cast<const float4*>(x_src[r])[q];
-        if (joint) {
-            const float4 e = reinterpret_cast<const float4*>(enc_src[r])[q];
-            v.x = fmaxf(v.x + e.x, 0.0f);
-            v.y = fmaxf(v.y + e.y, 0.0f);
-            v.z = fmaxf(v.z + e.z, 0.0f);
-            v.w = fmaxf(v.w + e.w, 0.0f);
-        }
-        reinterpret_cast<float4*>(xs)[r * quads + q] = v;
-    }
-    __syncthreads();
-
-    const int lane = threadIdx.x & 31;
-    const int o = blockIdx.x * WARPS_PER_BLOCK + (threadIdx.x >> 5);
-    if (o >= out_dim) return;
-    float acc[ROWS_PER_BLOCK];
-#pragma unroll
-    for (int r = 0; r < ROWS_PER_BLOCK; ++r) acc[r] = 0.0f;
-    const float* w_row = w + (long long)o * in_dim;
-#pragma unroll 4
-    for (int k = lane * 4; k < in_dim; k += 128) {
-        const float4 wv = *reinterpret_cast<const float4*>(w_row + k);
-#pragma unroll
-        for (int r = 0; r < ROWS_PER_BLOCK; ++r) {
-            if (selected[r]) {
-                const float4 xv = *reinterpret_cast<const float4*>(xs + r * in_dim + k);
-                acc[r] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
-            }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < ROWS_PER_BLOCK; ++r) acc[r] = warp_sum(acc[r]);
-    if (lane != 0) return;
-    for (int r = 0; r < n_rows; ++r)
-        if (selected[r]) out[(long long)(row0 + r) * out_dim + o] = acc[r] + b[o];
-}
-
-// pred_proj[row] = joint.pred(h_top_new[row]) for the rows that predict.
-extern "C" __global__ void tdt_pred_project(const int* rs, int rows, const float* h_top_new,
-                                            const float* w, const float* b, float* pred_proj,
-                                            int hidden, int joint_hidden) {
-    rows_times_matrix(rs, rows, 0, 0, h_top_new, nullptr, w, b, pred_proj, hidden, joint_hidden);
-}
-
-// logits[row] = joint.out(relu(enc_proj[frame] + pred_proj[row])) for the active rows.
-extern "C" __global__ void tdt_joint(const int* rs, int rows, const float* enc_proj,
-                                     const float* pred_proj, const float* w, const float* b,
-                                     float* logits, int joint_hidden, int n_out) {
-    rows_times_matrix(rs, rows, 1, 1, pred_proj, enc_proj, w, b, logits, joint_hidden, n_out);
-}
-
-// First index of the maximum of v[0..n) over the block (torch's argmax on ties); every thread
-// gets the result. blockDim.x must be a multiple of 32 and at most 1024.
-__device__ int block_argmax(const float* v, int n) {
-    __shared__ float best_of[32];
-    __shared__ int index_of[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float best = 0.0f;
-    int index = n;  // n: nothing seen yet
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        if (index == n || v[i] > best) {
-            best = v[i];
-            index = i;
-        }
-    }
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        const float other = __shfl_xor_sync(0xffffffffu, best, offset);
-        const int other_index = __shfl_xor_sync(0xffffffffu, index, offset);
-        if (other_index < n &&
-            (index == n || other > best || (other == best && other_index < index))) {
-            best = other;
-            index = other_index;
-        }
-    }
-    __syncthreads();
-    if (lane == 0) {
-        best_of[warp] = best;
-        index_of[warp] = index;
-    }
-    __syncthreads();
-    best = best_of[0];
-    index = index_of[0];
-    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) {
-        const float other = best_of[w];
-        const int other_index = index_of[w];
-        if (other_index < n &&
-            (index == n || other > best || (other == best && other_index < index))) {
-            best = other;
-            index = other_index;
-        }
-    }
-    return index;
-}
-
-// One block per row: commit the prediction state computed this step, then choose label and
-// duration from the joint's logits, emit, and move the row's frame (the CPU loop's rules).
-// tokens[row][i] = (id, frame, duration); a row that would exceed `token_capacity` stops
-// emitting and is marked by RS_TOKENS = token_capacity + 1 (the host reports it).
-extern "C" __global__ void tdt_advance(int* rs, int rows, const float* logits, int n_out,
-                                       int n_classes, const int* durations, int n_durations,
-                                       int max_symbols, int* tokens, int token_capacity,
-                                       float* h, float* c, const float* h_new,
-                                       const float* c_new, int layers, int hidden) {
-    const int row = blockIdx.x;
-    if (row >= rows) return;
-    int* s = rs + row * RS_FIELDS;
-    if (s[RS_NEED_PREDICT]) {
-        for (int i = threadIdx.x; i < layers * hidden; i += blockDim.x) {
-            const int l = i / hidden, k = i % hidden;
-            const long long at = ((long long)l * rows + row) * hidden + k;
-            h[at] = h_new[at];
-            c[at] = c_new[at];
-        }
-    }
-    const bool active = s[RS_TIME] < s[RS_FRAMES];
-    if (!active) {
-        __syncthreads();
-        if (threadIdx.x == 0) s[RS_NEED_PREDICT] = 0;
-        return;
-    }
-    const float* v = logits + (long long)row * n_out;
-    const int label = block_argmax(v, n_classes);
-    int duration = durations[block_argmax(v + n_classes, n_durations)];
-    // Everyone has read RS_NEED_PREDICT and the logits before thread 0 updates the row.
-    __syncthreads();
-    if (threadIdx.x != 0) return;
-    s[RS_NEED_PREDICT] = 0;
-    const int blank = n_classes - 1;
-    if (label == blank && duration == 0) duration = 1;
-    const int frame = s[RS_TIME];
-    s[RS_TIME] = frame + duration;
-    if (label == blank) return;
-
-    const int n = s[RS_TOKENS];
-    if (n >= token_capacity) {
-        s[RS_TOKENS] = token_capacity + 1;
-        s[RS_TIME] = s[RS_FRAMES];
-        return;
-    }
-    int* t = tokens + ((long long)row * token_capacity + n) * 3;
-    t[0] = label;
-    t[1] = frame;
-    t[2] = duration;
-    s[RS_TOKENS] = n + 1;
-    if (s[RS_LAST_EMIT] == frame) {
-        s[RS_EMITS] += 1;
-    } else {
-        s[RS_LAST_EMIT] = frame;
-        s[RS_EMITS] = 1;
-    }
-    s[RS_LABEL] = label;
-    s[RS_NEED_PREDICT] = 1;
-    // After max_symbols labels at one frame, move on by one frame.
-    if (s[RS_TIME] < s[RS_FRAMES] && s[RS_EMITS] >= max_symbols && s[RS_LAST_EMIT] == s[RS_TIME])
-        s[RS_TIME] += 1;
 }

@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::sys::cudaError_enum;
+use cudarc::driver::sys::{cudaError_enum, CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError,
     LaunchArgs, LaunchConfig, ValidAsZeroBits,
@@ -178,6 +178,85 @@ impl CudaEngine {
         self.stream
             .alloc_zeros(len)
             .context(|| format!("allocating {len} elements"))
+    }
+
+    /// The device's multiprocessor count (under MPS, as the driver reports it to this client).
+    pub(crate) fn multiprocessor_count(&self) -> Result<usize> {
+        self.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+    }
+
+    /// The most dynamic shared memory one block may use after opting in.
+    fn max_shared_bytes_optin(&self) -> Result<usize> {
+        self.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+    }
+
+    fn attribute(&self, attribute: CUdevice_attribute) -> Result<usize> {
+        let value = self
+            .ctx
+            .attribute(attribute)
+            .context(|| format!("reading device attribute {attribute:?}"))?;
+        Ok(usize::try_from(value).unwrap_or(0))
+    }
+
+    /// Lets `kernel` (bf16 build) use as much dynamic shared memory per block as the device
+    /// allows next to its static shared memory. Returns that many bytes and how many blocks of
+    /// `threads` threads using them fit on one multiprocessor.
+    pub(crate) fn allow_max_shared_bytes(
+        &self,
+        kernel: Kernel,
+        threads: u32,
+    ) -> Result<(usize, usize)> {
+        let function = &self.functions[kernel as usize];
+        let fixed = function
+            .shared_size_bytes()
+            .context(|| format!("reading the static shared memory of {}", kernel.name()))?;
+        let bytes = self
+            .max_shared_bytes_optin()?
+            .saturating_sub(usize::try_from(fixed).unwrap_or(0));
+        let limit = i32::try_from(bytes).map_err(|_| CudaEngineError::Shape {
+            op: kernel.name(),
+            detail: format!("{bytes} bytes of shared memory"),
+        })?;
+        function
+            .set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                limit,
+            )
+            .context(|| {
+                format!(
+                    "allowing {bytes} bytes of shared memory for {}",
+                    kernel.name()
+                )
+            })?;
+        let blocks = function
+            .occupancy_max_active_blocks_per_multiprocessor(threads, bytes, None)
+            .context(|| format!("querying the occupancy of {}", kernel.name()))?;
+        Ok((bytes, blocks as usize))
+    }
+
+    /// Launches `kernel` (bf16 build) cooperatively: the driver starts it only if every block
+    /// can be resident at once, which grid-wide barriers inside the kernel rely on.
+    ///
+    /// # Safety
+    ///
+    /// As for [`CudaEngine::launch`].
+    pub(crate) unsafe fn launch_cooperative<'a>(
+        &'a self,
+        kernel: Kernel,
+        config: LaunchConfig,
+        shape: impl FnOnce() -> String,
+        push: impl FnOnce(&mut LaunchArgs<'a>),
+    ) -> Result<()> {
+        let mut args = self.stream.launch_builder(&self.functions[kernel as usize]);
+        push(&mut args);
+        // SAFETY: forwarded from this function's contract.
+        unsafe { args.launch_cooperative(config) }
+            .map(|_| ())
+            .map_err(|source| CudaEngineError::Launch {
+                kernel: kernel.name(),
+                shape: shape(),
+                source,
+            })
     }
 
     /// Launches `kernel` on the engine stream with the arguments `push` adds.

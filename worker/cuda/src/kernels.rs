@@ -104,17 +104,14 @@ pub(crate) enum Kernel {
     LocalRelPosSoftmax,
     MergeHeads,
     TdtReset,
-    TdtLstmStep,
-    TdtPredProject,
-    TdtJoint,
-    TdtAdvance,
+    TdtDecode,
     FeatureFrames,
     PowerSpectrum,
     LogMelNormalize,
 }
 
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 27] = [
+    pub(crate) const ALL: [Kernel; 24] = [
         Kernel::F32ToBf16,
         Kernel::Bf16ToF32,
         Kernel::Silu,
@@ -135,10 +132,7 @@ impl Kernel {
         Kernel::LocalRelPosSoftmax,
         Kernel::MergeHeads,
         Kernel::TdtReset,
-        Kernel::TdtLstmStep,
-        Kernel::TdtPredProject,
-        Kernel::TdtJoint,
-        Kernel::TdtAdvance,
+        Kernel::TdtDecode,
         Kernel::FeatureFrames,
         Kernel::PowerSpectrum,
         Kernel::LogMelNormalize,
@@ -167,10 +161,7 @@ impl Kernel {
             Kernel::LocalRelPosSoftmax => "local_rel_pos_softmax",
             Kernel::MergeHeads => "merge_heads",
             Kernel::TdtReset => "tdt_reset",
-            Kernel::TdtLstmStep => "tdt_lstm_step",
-            Kernel::TdtPredProject => "tdt_pred_project",
-            Kernel::TdtJoint => "tdt_joint",
-            Kernel::TdtAdvance => "tdt_advance",
+            Kernel::TdtDecode => "tdt_decode",
             Kernel::FeatureFrames => "feature_frames",
             Kernel::PowerSpectrum => "power_spectrum",
             Kernel::LogMelNormalize => "log_mel_normalize",
@@ -195,11 +186,7 @@ impl Kernel {
             | Kernel::RelPosSoftmaxWarp
             | Kernel::LocalRelPosSoftmax
             | Kernel::MergeHeads => KernelModule::Attention,
-            Kernel::TdtReset
-            | Kernel::TdtLstmStep
-            | Kernel::TdtPredProject
-            | Kernel::TdtJoint
-            | Kernel::TdtAdvance => KernelModule::Decoder,
+            Kernel::TdtReset | Kernel::TdtDecode => KernelModule::Decoder,
             Kernel::FeatureFrames | Kernel::PowerSpectrum | Kernel::LogMelNormalize => {
                 KernelModule::Features
             }

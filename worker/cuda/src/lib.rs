@@ -25,7 +25,7 @@ mod sortformer;
 mod storage;
 
 pub use cudarc::driver::CudaSlice;
-pub use decoder::{DecoderEnvelope, GpuDecoder, STEPS_PER_LAUNCH};
+pub use decoder::{DecoderEnvelope, GpuDecoder};
 pub use device::{check_cuda_libraries, CudaEngine};
 pub use encoder::{
     EncoderInput, EncoderOutput, GpuEncoder, StageTimes, DEFAULT_SUBSAMPLING_SCRATCH_BYTES,

@@ -1,11 +1,12 @@
 //! Batched label-looping TDT greedy decoding entirely on the GPU.
 //!
-//! The encoder-side joint projection runs once per batch (cuBLASLt, fp32). Then every step runs the
-//! prediction network for the rows that emitted a label, the joint for the active rows, and
-//! the choice of label and duration, all on the device (`kernels/decoder.cu`): the host only
-//! looks at the rows' progress after each run of [`STEPS_PER_LAUNCH`] steps. Inside the
-//! envelope sized at warm-up those runs replay a captured CUDA graph; larger batches run the
-//! same kernels eagerly on a temporary workspace, with the same results.
+//! The encoder-side joint projection runs once per batch (cuBLASLt, fp32). Then one persistent
+//! cooperative kernel (`kernels/decoder.cu`) loops over the steps on the device until every row
+//! is done: each step runs the prediction network for the rows that emitted a label, the joint
+//! for the active rows, and the choice of label and duration, with grid-wide barriers between
+//! them and no host round trip. Inside the envelope sized at warm-up that launch replays a
+//! captured CUDA graph; larger batches launch the same kernel on a temporary workspace, with the
+//! same results.
 
 mod steps;
 mod weights;
@@ -21,13 +22,11 @@ use models::ModelError;
 use crate::device::CudaEngine;
 use crate::encoder::EncoderOutput;
 use crate::error::{CudaEngineError, Result};
+use crate::kernels::Kernel;
 use crate::matmul::MatmulSpec;
-use steps::{lstm_shared_bytes, rows_shared_bytes, MAX_SHARED_BYTES};
+use steps::{decode_shared_bytes, DECODE_THREADS};
 use weights::DecoderWeights;
-use workspace::{DecoderWorkspace, RS_FIELDS, RS_FRAMES, RS_TIME, RS_TOKENS};
-
-/// Steps queued (or replayed as one graph) between two looks at the rows' progress.
-pub const STEPS_PER_LAUNCH: usize = 32;
+use workspace::{DecoderWorkspace, DS_STEPS, RS_FIELDS, RS_FRAMES, RS_TIME, RS_TOKENS};
 
 /// The batch shapes the decoder keeps a workspace and a captured graph for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +40,10 @@ pub struct GpuDecoder {
     cfg: DecoderConfig,
     d_model: usize,
     weights: DecoderWeights,
+    /// Blocks of the cooperative decoding kernel: one per multiprocessor.
+    grid: usize,
+    /// Dynamic shared memory the decoding kernel may use per block (the device's opt-in limit).
+    max_shared_bytes: usize,
     /// The envelope's workspace (with its graph), once warmed up.
     warm: Mutex<Option<DecoderWorkspace>>,
 }
@@ -49,28 +52,6 @@ impl GpuDecoder {
     pub fn from_checkpoint(engine: &CudaEngine, ckpt: &Checkpoint) -> Result<Self> {
         let cfg = &ckpt.config.decoder;
         let d_model = ckpt.config.encoder.d_model;
-        let too_big = |what: &str, bytes: usize| -> Result<()> {
-            if bytes > MAX_SHARED_BYTES {
-                return Err(ModelError::InvalidConfig {
-                    file: ckpt.tensors.source.clone(),
-                    key: what.into(),
-                    problem: format!(
-                        "the GPU decoder stages {bytes} bytes per block for this size, more than \
-                         {MAX_SHARED_BYTES}"
-                    ),
-                }
-                .into());
-            }
-            Ok(())
-        };
-        too_big(
-            "decoder.prednet.pred_hidden",
-            lstm_shared_bytes(cfg.pred_hidden),
-        )?;
-        too_big(
-            "joint.jointnet.joint_hidden",
-            rows_shared_bytes(cfg.joint_hidden),
-        )?;
         if cfg.pred_rnn_layers == 0
             || cfg.durations.is_empty()
             || !cfg.pred_hidden.is_multiple_of(4)
@@ -91,10 +72,30 @@ impl GpuDecoder {
             }
             .into());
         }
+        let grid = engine.multiprocessor_count()?.max(1);
+        let (max_shared_bytes, resident) =
+            engine.allow_max_shared_bytes(Kernel::TdtDecode, DECODE_THREADS)?;
+        let n_out = cfg.vocab_size + 1 + cfg.durations.len();
+        let needed = decode_shared_bytes(cfg.pred_hidden, cfg.joint_hidden, n_out, 1, grid);
+        if needed > max_shared_bytes || resident == 0 {
+            return Err(ModelError::InvalidConfig {
+                file: ckpt.tensors.source.clone(),
+                key: "decoder.prednet.pred_hidden".into(),
+                problem: format!(
+                    "the GPU decoder stages {needed} bytes per block for pred_hidden {} and \
+                     joint_hidden {}; this GPU allows {max_shared_bytes} ({resident} blocks \
+                     resident per multiprocessor)",
+                    cfg.pred_hidden, cfg.joint_hidden
+                ),
+            }
+            .into());
+        }
         Ok(Self {
             weights: DecoderWeights::load(engine, &ckpt.tensors, &ckpt.config.encoder, cfg)?,
             cfg: cfg.clone(),
             d_model,
+            grid,
+            max_shared_bytes,
             warm: Mutex::new(None),
         })
     }
@@ -121,7 +122,10 @@ impl GpuDecoder {
         let mut ws = DecoderWorkspace::new(engine, self, envelope.max_batch, envelope.max_frames)?;
         // Capture only records; the rows are reset (all unused) so nothing stale is ever live.
         self.reset(engine, &ws, 0)?;
-        ws.graph = Some(self.capture(engine, &ws, STEPS_PER_LAUNCH)?);
+        // A launch with no active rows returns at once; it settles the grid the driver accepts.
+        self.launch_decode(engine, &mut ws, 0)?;
+        let max_steps = ws.step_bound(ws.max_frames);
+        ws.graph = Some(self.capture(engine, &ws, max_steps)?);
         engine.synchronize()?;
         *self.warm.lock().unwrap_or_else(PoisonError::into_inner) = Some(ws);
         Ok(())
@@ -133,7 +137,7 @@ impl GpuDecoder {
         Ok(self.decode_counting_steps(engine, enc)?.0)
     }
 
-    /// [`GpuDecoder::decode`], also returning how many steps were launched (for benchmarks).
+    /// [`GpuDecoder::decode`], also returning how many steps ran (for benchmarks).
     pub fn decode_counting_steps(
         &self,
         engine: &CudaEngine,
@@ -199,29 +203,21 @@ impl GpuDecoder {
         engine.upload_into(&enc_rows, &mut ws.enc_rows)?;
         self.reset(engine, ws, batch)?;
 
-        // Each step advances a row by at least one frame or emits one of at most
-        // `token_capacity` labels, so this bound is never reached unless the kernels are wrong.
-        let max_steps = time + ws.token_capacity + STEPS_PER_LAUNCH;
-        let mut steps = 0;
-        let rs = loop {
-            match &ws.graph {
-                Some(graph) => graph.launch()?,
-                None => self.launch_steps(engine, ws, STEPS_PER_LAUNCH)?,
-            }
-            steps += STEPS_PER_LAUNCH;
-            let rs = engine.download(&ws.rs)?;
-            let active = rs
-                .chunks(RS_FIELDS)
-                .any(|row| row[RS_TIME] < row[RS_FRAMES]);
-            if !active {
-                break rs;
-            }
-            if steps > max_steps {
-                return Err(CudaEngineError::Decoder(format!(
-                    "rows still active after {steps} steps for {time} frames (bug)"
-                )));
-            }
-        };
+        let max_steps = ws.step_bound(time);
+        match &ws.graph {
+            Some(graph) => graph.launch()?,
+            None => self.launch_decode(engine, ws, max_steps)?,
+        }
+        let rs = engine.download(&ws.rs)?;
+        let steps = engine.download(&ws.ds)?[DS_STEPS] as usize;
+        if rs
+            .chunks(RS_FIELDS)
+            .any(|row| row[RS_TIME] < row[RS_FRAMES])
+        {
+            return Err(CudaEngineError::Decoder(format!(
+                "rows still active after {steps} steps for {time} frames (bug)"
+            )));
+        }
 
         let mut hyps = Vec::with_capacity(batch);
         for b in 0..batch {

@@ -1,50 +1,86 @@
 //! Launches of the decoder's kernels (`kernels/decoder.cu`) on a workspace's fixed device
-//! addresses, and the CUDA graph that replays a run of steps.
+//! addresses, and the CUDA graph that replays the decoding launch.
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaGraph, LaunchConfig, PushKernelArg};
+use cudarc::driver::sys::{cudaError_enum, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use crate::device::{elementwise_config, CudaEngine};
 use crate::error::{CudaEngineError, DriverContext, Result};
 use crate::kernels::Kernel;
 use crate::ops::{to_i32, to_i64};
 
-use super::workspace::{DecoderWorkspace, Pointers};
+use super::workspace::{DecoderWorkspace, RS_FIELDS};
 use super::GpuDecoder;
 
-/// Rows per block and warps per block of the matrix-vector kernels (`ROWS_PER_BLOCK`,
-/// `WARPS_PER_BLOCK` in `decoder.cu`).
-pub(crate) const ROWS_PER_BLOCK: usize = 8;
-const WARPS_PER_BLOCK: usize = 8;
-/// Default dynamic shared memory limit every CUDA GPU grants without opt-in.
-pub(crate) const MAX_SHARED_BYTES: usize = 48 * 1024;
+/// Warps per block, batch rows per staged chunk, weight rows per tile and inner-dimension
+/// values per work item of `tdt_decode` (`DEC_WARPS`, `ROW_CHUNK`, `TILE`, `CHUNK` in
+/// `decoder.cu`), and floats per block and row of its partial maxima (`PARTIAL`).
+const WARPS_PER_BLOCK: usize = 16;
+const ROW_CHUNK: usize = 16;
+const TILE: usize = 4;
+const CHUNK: usize = 128;
+pub(crate) const PARTIAL: usize = 4;
+pub(crate) const DECODE_THREADS: u32 = (WARPS_PER_BLOCK * 32) as u32;
 
-/// Shared memory of `tdt_lstm_step` (x and h of a block's rows).
-pub(crate) fn lstm_shared_bytes(hidden: usize) -> usize {
-    2 * ROWS_PER_BLOCK * hidden * 4
+/// Dynamic shared memory of `tdt_decode` for `rows` batch rows on `grid` blocks (the layout
+/// comment of `tdt_decode`): the staged rows, the warps' tile sums, the row state.
+pub(crate) fn decode_shared_bytes(
+    hidden: usize,
+    joint_hidden: usize,
+    n_out: usize,
+    rows: usize,
+    grid: usize,
+) -> usize {
+    let grid = grid.max(1);
+    let width = hidden.max(joint_hidden);
+    let per_block = hidden.max(joint_hidden).max(n_out).div_ceil(grid);
+    let tiles = hidden.div_ceil(grid).max(per_block.div_ceil(TILE));
+    let stage = 2 * ROW_CHUNK * width;
+    let parts = tiles * width.div_ceil(CHUNK) * ROW_CHUNK * TILE;
+    (stage + parts) * 4 + rows * RS_FIELDS * 4
 }
 
-/// Shared memory of the matrix-vector kernels with `in_dim` inputs per row.
-pub(crate) fn rows_shared_bytes(in_dim: usize) -> usize {
-    ROWS_PER_BLOCK * in_dim * 4
+/// `TdtParams` in `decoder.cu`: 17 device addresses, then 10 ints, in this order.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct TdtParams {
+    rs: u64,
+    ds: u64,
+    tokens: u64,
+    x_table: u64,
+    w_hh: u64,
+    w_ih: u64,
+    bias: u64,
+    h: u64,
+    c: u64,
+    pred_w: u64,
+    pred_b: u64,
+    pred_proj: u64,
+    enc_proj: u64,
+    out_w: u64,
+    out_b: u64,
+    partial: u64,
+    durations: u64,
+    rows: i32,
+    layers: i32,
+    hidden: i32,
+    joint_hidden: i32,
+    n_out: i32,
+    n_classes: i32,
+    n_durations: i32,
+    max_symbols: i32,
+    token_capacity: i32,
+    max_steps: i32,
 }
 
-fn matvec_config(outputs: usize, rows: usize, shared: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (
-            outputs.div_ceil(WARPS_PER_BLOCK) as u32,
-            rows.div_ceil(ROWS_PER_BLOCK) as u32,
-            1,
-        ),
-        block_dim: ((WARPS_PER_BLOCK * 32) as u32, 1, 1),
-        shared_mem_bytes: shared as u32,
-    }
-}
+// SAFETY: plain integers in C layout (8-byte fields first, so no padding), the layout of
+// `TdtParams` in decoder.cu; the kernel receives it by value.
+unsafe impl DeviceRepr for TdtParams {}
 
-/// A captured run of decoding steps on one workspace (its device addresses are baked in).
+/// The captured decoding launch on one workspace (its device addresses are baked in).
 pub(crate) struct StepGraph {
     graph: CudaGraph,
-    pub(crate) steps: usize,
+    pub(crate) max_steps: usize,
 }
 
 // SAFETY: a CUDA graph exec may be launched from any thread as long as calls are not
@@ -55,12 +91,12 @@ impl StepGraph {
     pub(crate) fn launch(&self) -> Result<()> {
         self.graph
             .launch()
-            .context(|| format!("replaying {} decoder steps", self.steps))
+            .context(|| format!("replaying the decoder launch ({} steps)", self.max_steps))
     }
 }
 
 impl GpuDecoder {
-    /// Resets every row of `ws` for a batch of `frames` (rows past the batch are unused).
+    /// Resets every row of `ws` for a batch (rows past the batch are unused).
     pub(crate) fn reset(
         &self,
         engine: &CudaEngine,
@@ -69,12 +105,12 @@ impl GpuDecoder {
     ) -> Result<()> {
         let op = "tdt_reset";
         let p = &ws.ptr;
-        let state_len = self.layers() * ws.rows * self.hidden();
+        let state_len = 2 * self.layers() * ws.rows * self.hidden();
         let (batch, rows) = (to_i32(op, "batch", batch)?, to_i32(op, "rows", ws.rows)?);
         let blank = to_i32(op, "blank", self.blank())?;
         let state = to_i64(op, "state", state_len)?;
-        // SAFETY: the arguments follow tdt_reset's signature; h/c hold `state_len` floats and
-        // rs/frames/enc_rows hold `ws.rows` rows (workspace invariants).
+        // SAFETY: the arguments follow tdt_reset's signature; h/c hold `state_len` floats,
+        // ds DS_FIELDS ints, and rs/frames/enc_rows hold `ws.rows` rows (workspace invariants).
         unsafe {
             engine.launch(
                 Kernel::TdtReset,
@@ -82,6 +118,7 @@ impl GpuDecoder {
                 || format!("rows={rows}"),
                 |args| {
                     args.arg(&p.rs)
+                        .arg(&p.ds)
                         .arg(&p.frames)
                         .arg(&p.enc_rows)
                         .arg(&batch)
@@ -95,165 +132,129 @@ impl GpuDecoder {
         }
     }
 
-    /// Queues `steps` decoding steps on the engine's stream.
-    pub(crate) fn launch_steps(
+    fn params(
         &self,
         engine: &CudaEngine,
         ws: &DecoderWorkspace,
-        steps: usize,
-    ) -> Result<()> {
-        for _ in 0..steps {
-            self.launch_step(engine, ws)?;
-        }
-        Ok(())
+        max_steps: usize,
+    ) -> Result<TdtParams> {
+        let op = "tdt_decode";
+        let stream = engine.stream();
+        let w = &self.weights;
+        let addr = |s: &cudarc::driver::CudaSlice<f32>| s.device_ptr(stream).0;
+        let p = &ws.ptr;
+        Ok(TdtParams {
+            rs: p.rs,
+            ds: p.ds,
+            tokens: p.tokens,
+            x_table: addr(&w.lstm.x_table),
+            w_hh: addr(&w.lstm.w_hh),
+            w_ih: addr(&w.lstm.w_ih),
+            bias: addr(&w.lstm.bias),
+            h: p.h,
+            c: p.c,
+            pred_w: addr(&w.pred.weight),
+            pred_b: addr(&w.pred.bias),
+            pred_proj: p.pred_proj,
+            enc_proj: p.enc_proj,
+            out_w: addr(&w.out.weight),
+            out_b: addr(&w.out.bias),
+            partial: p.partial,
+            durations: w.durations.device_ptr(stream).0,
+            rows: to_i32(op, "rows", ws.rows)?,
+            layers: to_i32(op, "layers", self.layers())?,
+            hidden: to_i32(op, "hidden", self.hidden())?,
+            joint_hidden: to_i32(op, "joint_hidden", self.joint_hidden())?,
+            n_out: to_i32(op, "n_out", self.n_out())?,
+            n_classes: to_i32(op, "n_classes", self.blank() + 1)?,
+            n_durations: to_i32(op, "durations", self.cfg.durations.len())?,
+            max_symbols: to_i32(op, "max_symbols", self.cfg.max_symbols_per_step)?,
+            token_capacity: to_i32(op, "token_capacity", ws.token_capacity)?,
+            max_steps: to_i32(op, "max_steps", max_steps)?,
+        })
     }
 
-    fn launch_step(&self, engine: &CudaEngine, ws: &DecoderWorkspace) -> Result<()> {
-        let op = "tdt_step";
-        let p: &Pointers = &ws.ptr;
-        let (h, j, n_out) = (self.hidden(), self.joint_hidden(), self.n_out());
-        let rows = to_i32(op, "rows", ws.rows)?;
-        let hidden = to_i32(op, "hidden", h)?;
-        let joint_hidden = to_i32(op, "joint_hidden", j)?;
-        let n_out_i = to_i32(op, "n_out", n_out)?;
-        let n_classes = to_i32(op, "n_classes", self.blank() + 1)?;
-        let n_durations = to_i32(op, "durations", self.cfg.durations.len())?;
-        let max_symbols = to_i32(op, "max_symbols", self.cfg.max_symbols_per_step)?;
-        let token_capacity = to_i32(op, "token_capacity", ws.token_capacity)?;
-        let layers = to_i32(op, "layers", self.layers())?;
-        let layer_bytes = (ws.rows * h * std::mem::size_of::<f32>()) as u64;
-        let at = |base: u64, layer: usize| base + layer as u64 * layer_bytes;
-        let shape = || format!("rows={rows} hidden={hidden} joint={joint_hidden} out={n_out_i}");
-        let w = &self.weights;
+    /// Queues one cooperative launch of `tdt_decode` on `ws.grid` blocks running at most
+    /// `max_steps` steps (it returns early once every row is done).
+    fn launch_decode_once(
+        &self,
+        engine: &CudaEngine,
+        ws: &DecoderWorkspace,
+        max_steps: usize,
+    ) -> Result<()> {
+        let params = self.params(engine, ws, max_steps)?;
+        let shared = decode_shared_bytes(
+            self.hidden(),
+            self.joint_hidden(),
+            self.n_out(),
+            ws.rows,
+            ws.grid,
+        );
+        let config = LaunchConfig {
+            grid_dim: (ws.grid as u32, 1, 1),
+            block_dim: (DECODE_THREADS, 1, 1),
+            shared_mem_bytes: shared as u32,
+        };
+        let shape = || format!("rows={} grid={} shared={shared}", ws.rows, ws.grid);
+        // SAFETY: TdtParams mirrors the kernel's by-value struct; its addresses are the
+        // workspace's buffers (sized for `ws.rows` rows, `ws.max_frames` frames and
+        // `token_capacity` tokens per row, h/c in two halves, partials in two halves for up to
+        // `decoder.grid` >= `ws.grid` blocks) and the
+        // decoder's weights, whose shapes the loader checked; labels index the x_table rows
+        // (argmax indices < vocab + 1); frames index enc_proj below each row's frame count. The
+        // dynamic shared size is the one the kernel's layout needs for this grid and row count,
+        // allowed at load; the cooperative launch guarantees the co-residency its barrier needs.
+        unsafe {
+            engine.launch_cooperative(Kernel::TdtDecode, config, shape, |args| {
+                args.arg(&params);
+            })
+        }
+    }
 
-        for (l, lstm) in w.lstm.iter().enumerate() {
-            let below = at(p.h_new, l.saturating_sub(1));
-            let from_embedding = i32::from(l == 0);
-            let (h_l, c_l) = (at(p.h, l), at(p.c, l));
-            let (h_new_l, c_new_l) = (at(p.h_new, l), at(p.c_new, l));
-            // SAFETY: arguments follow tdt_lstm_step's signature. The state buffers are
-            // [layers, rows, hidden] floats, so every layer offset stays inside them; the weights
-            // are [4H, H] and the bias [4H]; labels index the [vocab + 1, H] embedding (the
-            // advance kernel only stores argmax indices < vocab + 1).
-            unsafe {
-                engine.launch(
-                    Kernel::TdtLstmStep,
-                    matvec_config(h, ws.rows, lstm_shared_bytes(h)),
-                    shape,
-                    |args| {
-                        args.arg(&p.rs)
-                            .arg(&rows)
-                            .arg(&w.embedding)
-                            .arg(&below)
-                            .arg(&from_embedding)
-                            .arg(&lstm.w_ih)
-                            .arg(&lstm.w_hh)
-                            .arg(&lstm.bias)
-                            .arg(&h_l)
-                            .arg(&c_l)
-                            .arg(&h_new_l)
-                            .arg(&c_new_l)
-                            .arg(&hidden);
-                    },
-                )?;
+    /// [`GpuDecoder::launch_decode_once`], halving `ws.grid` while the driver refuses the
+    /// cooperative launch as too large (an MPS client may see fewer resident blocks than the
+    /// device has multiprocessors).
+    pub(crate) fn launch_decode(
+        &self,
+        engine: &CudaEngine,
+        ws: &mut DecoderWorkspace,
+        max_steps: usize,
+    ) -> Result<()> {
+        loop {
+            match self.launch_decode_once(engine, ws, max_steps) {
+                Err(CudaEngineError::Launch { source, .. })
+                    if source.0 == cudaError_enum::CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
+                        && ws.grid > 1 =>
+                {
+                    ws.grid /= 2;
+                }
+                other => return other,
             }
         }
-        let h_top_new = at(p.h_new, self.layers().saturating_sub(1));
-        // SAFETY: tdt_pred_project's signature; pred weight [J, H], bias [J], pred_proj
-        // [rows, J], h_top_new one [rows, H] layer.
-        unsafe {
-            engine.launch(
-                Kernel::TdtPredProject,
-                matvec_config(j, ws.rows, rows_shared_bytes(h)),
-                shape,
-                |args| {
-                    args.arg(&p.rs)
-                        .arg(&rows)
-                        .arg(&h_top_new)
-                        .arg(&w.pred.weight)
-                        .arg(&w.pred.bias)
-                        .arg(&p.pred_proj)
-                        .arg(&hidden)
-                        .arg(&joint_hidden);
-                },
-            )?;
-        }
-        // SAFETY: tdt_joint's signature; enc_proj holds every row's frames at RS_ENC_ROW
-        // (written by `decode` for rows < batch, whose times stay below their frame counts
-        // while active), out weight [n_out, J], logits [rows, n_out].
-        unsafe {
-            engine.launch(
-                Kernel::TdtJoint,
-                matvec_config(n_out, ws.rows, rows_shared_bytes(j)),
-                shape,
-                |args| {
-                    args.arg(&p.rs)
-                        .arg(&rows)
-                        .arg(&p.enc_proj)
-                        .arg(&p.pred_proj)
-                        .arg(&w.out.weight)
-                        .arg(&w.out.bias)
-                        .arg(&p.logits)
-                        .arg(&joint_hidden)
-                        .arg(&n_out_i);
-                },
-            )?;
-        }
-        // SAFETY: tdt_advance's signature; one block of 256 threads per row, tokens [rows, capacity, 3],
-        // durations [n_durations], state buffers [layers, rows, hidden].
-        unsafe {
-            engine.launch(
-                Kernel::TdtAdvance,
-                LaunchConfig {
-                    grid_dim: (ws.rows as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                },
-                shape,
-                |args| {
-                    args.arg(&p.rs)
-                        .arg(&rows)
-                        .arg(&p.logits)
-                        .arg(&n_out_i)
-                        .arg(&n_classes)
-                        .arg(&w.durations)
-                        .arg(&n_durations)
-                        .arg(&max_symbols)
-                        .arg(&p.tokens)
-                        .arg(&token_capacity)
-                        .arg(&p.h)
-                        .arg(&p.c)
-                        .arg(&p.h_new)
-                        .arg(&p.c_new)
-                        .arg(&layers)
-                        .arg(&hidden);
-                },
-            )?;
-        }
-        Ok(())
     }
 
-    /// Captures `steps` decoding steps on `ws` into a graph (warm-up only: under MPS a capture
-    /// while sibling processes run work is not safe).
+    /// Captures the decoding launch on `ws` into a graph (warm-up only: under MPS a capture
+    /// while sibling processes run work is not safe). `ws.grid` must already be accepted by
+    /// the driver (a launch on it succeeded).
     pub(crate) fn capture(
         &self,
         engine: &CudaEngine,
         ws: &DecoderWorkspace,
-        steps: usize,
+        max_steps: usize,
     ) -> Result<StepGraph> {
         let stream = engine.stream();
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .context(|| "starting the decoder graph capture".into())?;
-        let queued = self.launch_steps(engine, ws, steps);
+        let queued = self.launch_decode_once(engine, ws, max_steps);
         let ended = stream.end_capture(CUgraphInstantiate_flags(0));
         queued?;
         let graph = ended
-            .context(|| format!("capturing {steps} decoder steps"))?
+            .context(|| "capturing the decoder launch".into())?
             .ok_or_else(|| CudaEngineError::Decoder("stream capture produced no graph".into()))?;
         graph
             .upload()
             .context(|| "uploading the decoder graph".into())?;
-        Ok(StepGraph { graph, steps })
+        Ok(StepGraph { graph, max_steps })
     }
 }

@@ -9,12 +9,19 @@ use models::ModelError;
 
 use crate::device::CudaEngine;
 use crate::error::Result;
+use crate::matmul::MatmulSpec;
 
-/// One LSTM layer: `[4H, H]` input and hidden weights (gate order i, f, g, o) and the sum of
-/// both biases.
+/// The LSTM layers, stacked so one kernel argument addresses every layer (gate order i, f, g,
+/// o). Layer 0's input product depends only on the label fed, so it is tabulated per label at
+/// load (`x_table`) and its `W_ih` is not kept.
 pub(crate) struct LstmWeights {
-    pub(crate) w_ih: CudaSlice<f32>,
+    /// `[vocab + 1, 4H]`: `W_ih x + b_ih + b_hh` of layer 0 for every label's embedding `x`.
+    pub(crate) x_table: CudaSlice<f32>,
+    /// `[layers, 4H, H]`.
     pub(crate) w_hh: CudaSlice<f32>,
+    /// `[layers - 1, 4H, H]`: the layers above the first (one unused float when there are none).
+    pub(crate) w_ih: CudaSlice<f32>,
+    /// `[layers - 1, 4H]`: `b_ih + b_hh` of the layers above the first.
     pub(crate) bias: CudaSlice<f32>,
 }
 
@@ -25,9 +32,7 @@ pub(crate) struct LinearF32 {
 }
 
 pub(crate) struct DecoderWeights {
-    /// `[vocab + 1, H]`; the blank row is the start-of-sequence input.
-    pub(crate) embedding: CudaSlice<f32>,
-    pub(crate) lstm: Vec<LstmWeights>,
+    pub(crate) lstm: LstmWeights,
     /// `joint.pred`: `[J, H]`.
     pub(crate) pred: LinearF32,
     /// `joint.enc`: `[J, d_model]`, applied to every encoder frame at once.
@@ -48,29 +53,7 @@ impl DecoderWeights {
         let h = cfg.pred_hidden;
         let j = cfg.joint_hidden;
         let n_out = cfg.vocab_size + 1 + cfg.durations.len();
-        let embedding = engine.upload(
-            &tensors
-                .get("decoder.prediction.embed.weight", &[cfg.vocab_size + 1, h])?
-                .data,
-        )?;
-        let lstm = (0..cfg.pred_rnn_layers)
-            .map(|l| {
-                let name = |what: &str| format!("decoder.prediction.dec_rnn.lstm.{what}_l{l}");
-                let w_ih = tensors.get(&name("weight_ih"), &[4 * h, h])?;
-                let w_hh = tensors.get(&name("weight_hh"), &[4 * h, h])?;
-                let mut bias = vec![0.0f32; 4 * h];
-                for kind in ["bias_ih", "bias_hh"] {
-                    if let Some(b) = tensors.get_optional(&name(kind), &[4 * h])? {
-                        bias.iter_mut().zip(&b.data).for_each(|(sum, v)| *sum += v);
-                    }
-                }
-                Ok(LstmWeights {
-                    w_ih: engine.upload(&w_ih.data)?,
-                    w_hh: engine.upload(&w_hh.data)?,
-                    bias: engine.upload(&bias)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let lstm = LstmWeights::load(engine, tensors, cfg)?;
         let out_prefix = tensors.require_joint_output_prefix()?;
         let durations: Vec<i32> = cfg
             .durations
@@ -83,12 +66,65 @@ impl DecoderWeights {
                 problem: "durations must fit 32-bit integers".into(),
             })?;
         Ok(Self {
-            embedding,
             lstm,
             pred: LinearF32::load(engine, tensors, "joint.pred", h, j)?,
             enc: LinearF32::load(engine, tensors, "joint.enc", enc_cfg.d_model, j)?,
             out: LinearF32::load(engine, tensors, &out_prefix, j, n_out)?,
             durations: engine.upload(&durations)?,
+        })
+    }
+}
+
+impl LstmWeights {
+    fn load(engine: &CudaEngine, tensors: &TensorMap, cfg: &DecoderConfig) -> Result<Self> {
+        let h = cfg.pred_hidden;
+        let labels = cfg.vocab_size + 1;
+        let name = |what: &str, l: usize| format!("decoder.prediction.dec_rnn.lstm.{what}_l{l}");
+        let bias = |l: usize| -> Result<Vec<f32>> {
+            let mut sum = vec![0.0f32; 4 * h];
+            for kind in ["bias_ih", "bias_hh"] {
+                if let Some(b) = tensors.get_optional(&name(kind, l), &[4 * h])? {
+                    sum.iter_mut().zip(&b.data).for_each(|(s, v)| *s += v);
+                }
+            }
+            Ok(sum)
+        };
+        let (mut w_hh, mut w_ih, mut upper_bias) = (Vec::new(), Vec::new(), Vec::new());
+        for l in 0..cfg.pred_rnn_layers {
+            w_hh.extend_from_slice(&tensors.get(&name("weight_hh", l), &[4 * h, h])?.data);
+            if l > 0 {
+                w_ih.extend_from_slice(&tensors.get(&name("weight_ih", l), &[4 * h, h])?.data);
+                upper_bias.extend(bias(l)?);
+            }
+        }
+        // A zero-length device buffer cannot be allocated; one float stands in, never read.
+        for stacked in [&mut w_ih, &mut upper_bias] {
+            if stacked.is_empty() {
+                stacked.push(0.0);
+            }
+        }
+
+        // x_table = embedding . W_ih0ᵀ + (b_ih0 + b_hh0), fp32 (cuBLASLt never uses TF32 here).
+        let embedding = engine.upload(
+            &tensors
+                .get("decoder.prediction.embed.weight", &[labels, h])?
+                .data,
+        )?;
+        let w_ih0 = engine.upload(&tensors.get(&name("weight_ih", 0), &[4 * h, h])?.data)?;
+        let bias0 = engine.upload(&bias(0)?)?;
+        let mut x_table = engine.zeros::<f32>(labels * 4 * h)?;
+        engine.matmul(
+            &MatmulSpec::linear(labels, h, 4 * h),
+            &embedding,
+            &w_ih0,
+            Some(&bias0),
+            &mut x_table,
+        )?;
+        Ok(Self {
+            x_table,
+            w_hh: engine.upload(&w_hh)?,
+            w_ih: engine.upload(&w_ih)?,
+            bias: engine.upload(&upper_bias)?,
         })
     }
 }

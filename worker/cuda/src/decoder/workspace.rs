@@ -5,9 +5,9 @@
 use cudarc::driver::{CudaSlice, DevicePtr};
 
 use crate::device::CudaEngine;
-use crate::error::Result;
+use crate::error::{CudaEngineError, Result};
 
-use super::steps::StepGraph;
+use super::steps::{decode_shared_bytes, StepGraph, PARTIAL};
 use super::GpuDecoder;
 
 /// Fields per row of the row-state buffer (`RS_FIELDS` in `decoder.cu`).
@@ -15,18 +15,20 @@ pub(crate) const RS_FIELDS: usize = 8;
 pub(crate) const RS_TOKENS: usize = 6;
 pub(crate) const RS_TIME: usize = 1;
 pub(crate) const RS_FRAMES: usize = 0;
+/// Fields of the loop bookkeeping buffer (`DS_FIELDS` in `decoder.cu`).
+pub(crate) const DS_FIELDS: usize = 4;
+pub(crate) const DS_STEPS: usize = 0;
 
 /// Device addresses of the workspace buffers (valid while the workspace lives).
 pub(crate) struct Pointers {
     pub(crate) rs: u64,
+    pub(crate) ds: u64,
     pub(crate) frames: u64,
     pub(crate) enc_rows: u64,
     pub(crate) h: u64,
     pub(crate) c: u64,
-    pub(crate) h_new: u64,
-    pub(crate) c_new: u64,
     pub(crate) pred_proj: u64,
-    pub(crate) logits: u64,
+    pub(crate) partial: u64,
     pub(crate) tokens: u64,
     pub(crate) enc_proj: u64,
 }
@@ -40,14 +42,19 @@ pub(crate) struct DecoderWorkspace {
     /// emits at most `max_symbols` labels per frame).
     pub(crate) token_capacity: usize,
     pub(crate) rs: CudaSlice<i32>,
+    /// Steps run, state parity and the grid barrier (`DS_*` in `decoder.cu`).
+    pub(crate) ds: CudaSlice<i32>,
     pub(crate) frames: CudaSlice<i32>,
     pub(crate) enc_rows: CudaSlice<i32>,
     pub(crate) tokens: CudaSlice<i32>,
     pub(crate) enc_proj: CudaSlice<f32>,
-    /// Owns the f32 buffers `ptr` points into (h, c, h_new, c_new, pred_proj, logits).
+    /// Owns the f32 buffers `ptr` points into (h, c, pred_proj, partial).
     _state: Vec<CudaSlice<f32>>,
     pub(crate) ptr: Pointers,
-    /// Steps replayed per launch when the workspace was captured at warm-up.
+    /// Blocks of the cooperative decoding kernel (lowered at the first launch the driver
+    /// refuses as too large, e.g. under an MPS thread limit).
+    pub(crate) grid: usize,
+    /// The decoding launch captured at warm-up.
     pub(crate) graph: Option<StepGraph>,
 }
 
@@ -61,21 +68,32 @@ impl DecoderWorkspace {
         let (h, j) = (decoder.hidden(), decoder.joint_hidden());
         let rows = rows.max(1);
         let max_frames = max_frames.max(1);
+        let shared = decode_shared_bytes(h, j, decoder.n_out(), rows, decoder.grid);
+        if shared > decoder.max_shared_bytes {
+            return Err(CudaEngineError::Shape {
+                op: "GpuDecoder workspace",
+                detail: format!(
+                    "{rows} rows need {shared} bytes of shared memory per block, more than the \
+                     GPU's {}",
+                    decoder.max_shared_bytes
+                ),
+            });
+        }
         let token_capacity = max_frames * decoder.cfg.max_symbols_per_step.max(1);
-        let state_len = decoder.layers() * rows * h;
+        // Two halves: each step reads one and writes the other.
+        let state_len = 2 * decoder.layers() * rows * h;
         let rs = engine.zeros::<i32>(rows * RS_FIELDS)?;
+        let ds = engine.zeros::<i32>(DS_FIELDS)?;
         let frames = engine.zeros::<i32>(rows)?;
         let enc_rows = engine.zeros::<i32>(rows)?;
         let tokens = engine.zeros::<i32>(rows * token_capacity * 3)?;
         let enc_proj = engine.zeros::<f32>(rows * max_frames * j)?;
-        // h, c, h_new, c_new, pred_proj, logits.
+        // h, c, pred_proj, the blocks' partial maxima (two halves, alternating by step).
         let state = [
             state_len,
             state_len,
-            state_len,
-            state_len,
             rows * j,
-            rows * decoder.n_out(),
+            2 * rows * decoder.grid * PARTIAL,
         ]
         .into_iter()
         .map(|n| engine.zeros::<f32>(n))
@@ -85,14 +103,13 @@ impl DecoderWorkspace {
         let addr_i32 = |s: &CudaSlice<i32>| s.device_ptr(stream).0;
         let ptr = Pointers {
             rs: addr_i32(&rs),
+            ds: addr_i32(&ds),
             frames: addr_i32(&frames),
             enc_rows: addr_i32(&enc_rows),
             h: addr(&state[0]),
             c: addr(&state[1]),
-            h_new: addr(&state[2]),
-            c_new: addr(&state[3]),
-            pred_proj: addr(&state[4]),
-            logits: addr(&state[5]),
+            pred_proj: addr(&state[2]),
+            partial: addr(&state[3]),
             tokens: addr_i32(&tokens),
             enc_proj: addr(&enc_proj),
         };
@@ -101,14 +118,23 @@ impl DecoderWorkspace {
             max_frames,
             token_capacity,
             rs,
+            ds,
             frames,
             enc_rows,
             tokens,
             enc_proj,
             _state: state,
             ptr,
+            grid: decoder.grid,
             graph: None,
         })
+    }
+
+    /// Steps that finish any batch of at most `frames` frames per row: a row's every step
+    /// advances it by at least one frame or emits one of at most `token_capacity` labels, and
+    /// rows step in parallel. Never reached unless the kernel is wrong.
+    pub(crate) fn step_bound(&self, frames: usize) -> usize {
+        frames + self.token_capacity + 1
     }
 
     /// Whether a batch of `batch` utterances of at most `frames` encoder frames fits.
