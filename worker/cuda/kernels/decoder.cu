@@ -176,19 +176,48 @@ __device__ __forceinline__ void halve(float (&acc)[ROW_CHUNK * TILE], int offset
     }
 }
 
-// Sums each of the 64 accumulators over the warp and stores them at out[0..64): halving
-// exchanges take 32 + 16 + 8 + 4 + 2 shuffles instead of 64 * 5, and leave values 2l, 2l + 1
-// in lane l.
-__device__ __forceinline__ void store_warp_sums(float (&acc)[ROW_CHUNK * TILE], float* out) {
-    static_assert(ROW_CHUNK * TILE == 64, "five halvings leave two values per lane");
-    halve<32>(acc, 16);
-    halve<16>(acc, 8);
-    halve<8>(acc, 4);
-    halve<4>(acc, 2);
-    halve<2>(acc, 1);
-    const int lane = threadIdx.x & 31;
-    out[2 * lane] = acc[0];
-    out[2 * lane + 1] = acc[1];
+// Halving exchanges HALF, HALF / 2, ..., 2 over lanes 16, 8, ... apart; `base` becomes the index
+// of the first of the two values this lane keeps.
+template <int HALF>
+__device__ __forceinline__ void halvings(float (&acc)[ROW_CHUNK * TILE], int offset, int& base) {
+    halve<HALF>(acc, offset);
+    if (threadIdx.x & offset) base += HALF;
+    if constexpr (HALF > 2) halvings<HALF / 2>(acc, offset / 2, base);
+}
+
+// Sums accumulators 0..V over the warp and stores them at out[0..V): halving exchanges while
+// more than two values remain (V = 64: 32 + 16 + 8 + 4 + 2 shuffles instead of 64 * 5), plain
+// ones for the lane bits left.
+template <int V>
+__device__ __forceinline__ void reduce_store(float (&acc)[ROW_CHUNK * TILE], float* out) {
+    constexpr int used = V == 64 ? 5 : V == 32 ? 4 : V == 16 ? 3 : V == 8 ? 2 : 1;
+    static_assert(V <= ROW_CHUNK * TILE && (1 << (used + 1)) == V, "V is 4, 8, 16, 32 or 64");
+    int base = 0;
+    halvings<V / 2>(acc, 16, base);
+#pragma unroll
+    for (int offset = 16 >> used; offset >= 1; offset /= 2) {
+        acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], offset);
+        acc[1] += __shfl_xor_sync(0xffffffffu, acc[1], offset);
+    }
+    if (((threadIdx.x & 31) & ((32 >> used) - 1)) == 0) {
+        out[base] = acc[0];
+        out[base + 1] = acc[1];
+    }
+}
+
+// Stores the warp sums of the accumulators of the selected rows at out[r * TILE + q] (fewer
+// exchanges when only the first rows of the chunk are selected, as in small batches).
+__device__ __forceinline__ void store_warp_sums(float (&acc)[ROW_CHUNK * TILE], float* out,
+                                                unsigned sel) {
+    static_assert(ROW_CHUNK * TILE == 64, "the widest reduction is 64 values");
+    if (sel < (1u << 1))
+        reduce_store<TILE>(acc, out);
+    else if (sel < (1u << 4))
+        reduce_store<4 * TILE>(acc, out);
+    else if (sel < (1u << 8))
+        reduce_store<8 * TILE>(acc, out);
+    else
+        reduce_store<16 * TILE>(acc, out);
 }
 
 // Work items of `groups` tiles over an inner dimension of `len`: item = group * chunks + chunk.
@@ -217,15 +246,6 @@ __device__ void lstm_layer(const TdtParams& p, int l, int parity, const int* srs
     float* c_new = p.c + new_at;
     const float* w_hh = p.w_hh + (long long)l * 4 * H * H;
     const float* w_ih = l > 0 ? p.w_ih + (long long)(l - 1) * 4 * H * H : nullptr;
-
-    const int threads = gridDim.x * blockDim.x;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.rows * H; i += threads) {
-        const int* s = srs + (i / H) * RS_FIELDS;
-        if (!(s[RS_NEED_PREDICT] && row_active(s))) {
-            h_new[i] = __ldcg(h_old + i);
-            c_new[i] = __ldcg(c_old + i);
-        }
-    }
 
     float* hs = stage;                  // [ROW_CHUNK][H]: the rows' h of this layer
     float* xs = stage + ROW_CHUNK * H;  // [ROW_CHUNK][H]: their new h of the layer below
@@ -281,7 +301,7 @@ __device__ void lstm_layer(const TdtParams& p, int l, int parity, const int* srs
             zero_tile(acc);
             fma_tile(acc, hh, hs, H, k, sel);
             if (l > 0) fma_tile(acc, ih, xs, H, k, sel);
-            store_warp_sums(acc, parts + item * 64);
+            store_warp_sums(acc, parts + item * 64, sel);
         }
         __syncthreads();
         for (int i = threadIdx.x; i < units * ROW_CHUNK; i += blockDim.x) {
@@ -302,6 +322,16 @@ __device__ void lstm_layer(const TdtParams& p, int l, int parity, const int* srs
             const float cell = sigmoid_f32(gate[1]) * c + sigmoid_f32(gate[0]) * tanhf(gate[2]);
             c_new[at] = cell;
             h_new[at] = sigmoid_f32(gate[3]) * tanhf(cell);
+        }
+    }
+    // Active rows that do not predict carry their state into the new half (finished rows are
+    // never read again). Last, so its latency overlaps the wait at the next barrier.
+    const int threads = gridDim.x * blockDim.x;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.rows * H; i += threads) {
+        const int* s = srs + (i / H) * RS_FIELDS;
+        if (row_active(s) && !s[RS_NEED_PREDICT]) {
+            h_new[i] = __ldcg(h_old + i);
+            c_new[i] = __ldcg(c_old + i);
         }
     }
 }
@@ -334,7 +364,7 @@ __device__ int block_linear_parts(const float* w, const float* xs, int len, int 
         float acc[ROW_CHUNK * TILE];
         zero_tile(acc);
         fma_tile(acc, wv, xs, len, (item % chunks) * CHUNK + lane * 4, sel);
-        store_warp_sums(acc, parts + item * 64);
+        store_warp_sums(acc, parts + item * 64, sel);
     }
     return groups;
 }
@@ -389,25 +419,33 @@ __device__ void joint_phase(const TdtParams& p, const int* srs, float* stage, fl
         const int groups =
             block_linear_parts(p.out_w, stage, J, p.n_out, sel, parts, stage_joint_input);
         __syncthreads();
-        const int r = threadIdx.x, chunks = chunks_of(J);
+        // Every (output, row) value at once into the free stage, then one thread per row scans
+        // its outputs in increasing order with strict '>': the first index of the maximum.
+        const int chunks = chunks_of(J);
+        float* vals = stage;  // [groups * TILE][ROW_CHUNK]
+        for (int i = threadIdx.x; i < groups * TILE * ROW_CHUNK; i += blockDim.x) {
+            const int r = i % ROW_CHUNK, q = (i / ROW_CHUNK) % TILE, group = i / (ROW_CHUNK * TILE);
+            const int o = blockIdx.x + (group * TILE + q) * gridDim.x;
+            if (o < p.n_out && (sel >> r & 1))
+                vals[i] = tile_sum(parts, group, chunks, r, q) + __ldg(p.out_b + o);
+        }
+        __syncthreads();
+        const int r = threadIdx.x;
         if (r >= ROW_CHUNK || !(sel >> r & 1)) continue;
-        // Outputs in increasing order, strict '>': the first index of the maximum (torch).
         float best_label = 0.0f, best_duration = 0.0f;
         int label = -1, duration = -1;  // -1: none of this block's outputs is of the kind
-        for (int group = 0; group < groups; ++group) {
-            for (int q = 0; q < TILE; ++q) {
-                const int o = blockIdx.x + (group * TILE + q) * gridDim.x;
-                if (o >= p.n_out) break;
-                const float v = tile_sum(parts, group, chunks, r, q) + __ldg(p.out_b + o);
-                if (o < p.n_classes) {
-                    if (label < 0 || v > best_label) {
-                        best_label = v;
-                        label = o;
-                    }
-                } else if (duration < 0 || v > best_duration) {
-                    best_duration = v;
-                    duration = o - p.n_classes;
+        for (int j = 0; j < groups * TILE; ++j) {
+            const int o = blockIdx.x + j * gridDim.x;
+            if (o >= p.n_out) break;
+            const float v = vals[j * ROW_CHUNK + r];
+            if (o < p.n_classes) {
+                if (label < 0 || v > best_label) {
+                    best_label = v;
+                    label = o;
                 }
+            } else if (duration < 0 || v > best_duration) {
+                best_duration = v;
+                duration = o - p.n_classes;
             }
         }
         float* out = partial + ((long long)(row0 + r) * gridDim.x + blockIdx.x) * PARTIAL;
