@@ -98,7 +98,12 @@ impl CudaEngine {
             .into_iter()
             .map(|f| f.expect("every kernel has a bf16-storage build (bug)"))
             .collect();
-        let blas = Blas::new(stream.clone(), compute_capability)?;
+        // The whole device's multiprocessors, also under an MPS thread limit (the limit shows
+        // in the context's execution affinity, not in this attribute).
+        let sm_count = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .context(|| format!("reading the SM count of GPU {ordinal}"))?;
+        let blas = Blas::new(stream.clone(), compute_capability, sm_count)?;
         Ok(Self {
             ctx,
             stream,

@@ -183,9 +183,17 @@ pub(crate) struct Blas {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
     stream: Arc<CudaStream>,
-    /// The heuristic's first choice per problem, asked once: the query costs host time, and a
-    /// forward pass makes ~150 products.
+    /// The algorithm per problem, settled once: the query costs host time, and a forward pass
+    /// makes ~150 products.
     algos: Mutex<HashMap<AlgoKey, sys::cublasLtMatmulAlgo_t>>,
+    /// The algorithm per problem with its batch and time-dependent sizes left out (the first
+    /// one the heuristic gave for it), reused for every problem that differs only in those. A
+    /// fixed algorithm sums each output element in a fixed order, so a row's result does not
+    /// depend on how many other rows (clips) share the product or how long they are padded.
+    pinned: Mutex<HashMap<AlgoKey, sys::cublasLtMatmulAlgo_t>>,
+    /// Multiprocessors the heuristic and the kernels plan for: the whole device's, also under an
+    /// MPS thread limit, so a client chooses (and splits work) exactly as a lone process would.
+    sm_count_target: i32,
 }
 
 /// Cached algorithms per engine before the cache starts over (~1 MB of host memory).
@@ -213,8 +221,39 @@ struct AlgoKey {
 // is used from one thread at a time (it is Send, not Sync), and every call binds the context.
 unsafe impl Send for Blas {}
 
+impl AlgoKey {
+    /// The key of the pinned algorithm: without the batch, the rows, and for products of two
+    /// activations (attention) the dimension that follows the padded time axis (`n` and the
+    /// output rows of `a . bᵀ`, `k` and the rows of `a` for `a . b`).
+    fn pinned(&self) -> Self {
+        let mut key = Self {
+            batch: 0,
+            m: 0,
+            b_batch: 0,
+            ..*self
+        };
+        if self.b_batch != 0 {
+            match self.b_layout {
+                BLayout::NByK => (key.n, key.out_row) = (0, 0),
+                BLayout::KByN => (key.k, key.a_row) = (0, 0),
+            }
+        }
+        key
+    }
+
+    /// Whether the inner dimension follows the padded time axis: then only algorithms without a
+    /// split of `k` keep the sum order independent of the padding.
+    fn k_follows_time(&self) -> bool {
+        self.b_batch != 0 && self.b_layout == BLayout::KByN
+    }
+}
+
 impl Blas {
-    pub(crate) fn new(stream: Arc<CudaStream>, (major, _): (i32, i32)) -> Result<Self> {
+    pub(crate) fn new(
+        stream: Arc<CudaStream>,
+        (major, _): (i32, i32),
+        sm_count_target: i32,
+    ) -> Result<Self> {
         // NVIDIA's recommendation: 32 MiB on Hopper and newer, 4 MiB before.
         let workspace_bytes = if major >= 9 { 32 << 20 } else { 4 << 20 };
         let workspace = stream
@@ -230,13 +269,17 @@ impl Blas {
             workspace,
             stream,
             algos: Mutex::new(HashMap::new()),
+            pinned: Mutex::new(HashMap::new()),
+            sm_count_target,
         })
     }
 }
 
 impl Blas {
-    /// The cached algorithm for `key`, else the heuristic's first choice for these descriptors
-    /// (split-K reductions in the fp32 compute type only), cached. Errors name the failing call.
+    /// The algorithm for `key`: the cached one; else the pinned one for its batch-free key if
+    /// cuBLASLt accepts it for this problem; else the heuristic's first choice (split-K
+    /// reductions in the fp32 compute type only, none where `k` follows time), which becomes
+    /// the pinned one if there was none. Errors name the failing call.
     fn algo(
         &self,
         key: AlgoKey,
@@ -247,6 +290,66 @@ impl Blas {
         if let Some(algo) = cache().get(&key) {
             return Ok(*algo);
         }
+        let pinned_key = key.pinned();
+        let pinned = self
+            .pinned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&pinned_key)
+            .copied();
+        let accepted = match pinned {
+            Some(algo) => {
+                let mut result = mem::MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed();
+                // SAFETY: every descriptor is alive for the duration of the call, `algo` is an
+                // algorithm cuBLASLt returned for these types, `result` is writable.
+                let status = unsafe {
+                    sys::cublasLtMatmulAlgoCheck(
+                        self.handle,
+                        desc.0,
+                        layout_a.0,
+                        layout_b.0,
+                        layout_d.0,
+                        layout_d.0,
+                        &algo,
+                        result.as_mut_ptr(),
+                    )
+                };
+                // SAFETY: on success cuBLASLt filled `result`.
+                let fits = status.result().is_ok()
+                    && unsafe { result.assume_init() }.workspaceSize <= self.workspace.len();
+                fits.then_some(algo)
+            }
+            None => None,
+        };
+        let algo = match accepted {
+            Some(algo) => algo,
+            None => {
+                let algo = self.heuristic(&key, desc, [layout_a, layout_b, layout_d])?;
+                self.pinned
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entry(pinned_key)
+                    .or_insert(algo);
+                algo
+            }
+        };
+        let mut algos = cache();
+        if algos.len() >= MAX_CACHED_ALGOS {
+            // Padded lengths vary without end in a long-lived worker: start over rather than
+            // grow without bound (a miss costs one check; the pinned choices stay).
+            algos.clear();
+        }
+        algos.insert(key, algo);
+        Ok(algo)
+    }
+
+    /// The heuristic's first choice for these descriptors.
+    fn heuristic(
+        &self,
+        key: &AlgoKey,
+        desc: &Desc,
+        [layout_a, layout_b, layout_d]: [&Layout; 3],
+    ) -> std::result::Result<sys::cublasLtMatmulAlgo_t, (&'static str, CublasError)> {
         let workspace_bytes = self.workspace.len();
         let pref = Pref::new().map_err(|e| ("cublasLtMatmulPreferenceCreate", e))?;
         pref.set(
@@ -256,9 +359,16 @@ impl Blas {
         .map_err(|e| ("cublasLtMatmulPreferenceSetAttribute", e))?;
         // Split-K algorithms may sum their partial products in the output type (the in-place and
         // output-type reduction schemes); with bf16 output that rounds every partial sum. Allow
-        // only reductions in the fp32 compute type (or none).
-        let reduction_schemes =
-            sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32;
+        // only reductions in the fp32 compute type, or none at all where k follows the padded
+        // time axis (the split points would move with the padding) and for fp32 operands (the
+        // heuristic's split-K choice for them follows the multiprocessors an MPS client sees,
+        // measured on the H200: the same clip's features then differed with and without MPS).
+        let no_split = key.k_follows_time() || key.input == sys::cudaDataType_t::CUDA_R_32F;
+        let reduction_schemes = if no_split {
+            sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_NONE as u32
+        } else {
+            sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32
+        };
         pref.set(
             sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
             &reduction_schemes,
@@ -282,13 +392,6 @@ impl Blas {
             )
         }
         .map_err(|e| ("cublasLtMatmulAlgoGetHeuristic", e))?;
-        let mut algos = cache();
-        if algos.len() >= MAX_CACHED_ALGOS {
-            // Padded lengths vary without end in a long-lived worker: start over rather than
-            // grow without bound (a miss costs one heuristic query).
-            algos.clear();
-        }
-        algos.insert(key, heuristic.algo);
         Ok(heuristic.algo)
     }
 }
@@ -372,6 +475,11 @@ impl CudaEngine {
             &cublasOperation_t::CUBLAS_OP_N,
         )
         .map_err(fail("cublasLtMatmulDescSetAttribute(TRANSB)"))?;
+        desc.set(
+            sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+            &blas.sm_count_target,
+        )
+        .map_err(fail("cublasLtMatmulDescSetAttribute(SM_COUNT_TARGET)"))?;
 
         let stream = &blas.stream;
         let bias_ptr = bias.map(|bias| bias.device_ptr(stream));

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use models::checkpoint::Checkpoint;
 use models::config::ParakeetConfig;
+use models::tdt::EncodedUtterance;
 use models::transcript::Hypothesis;
 use models::FeatureExtractor;
 
@@ -184,6 +185,15 @@ impl GpuParakeet {
         let encoded = with_encoder!(&self.encoder, e => e.run(&self.engine, &input))?;
         self.recycle(input);
         self.decoder.decode(&self.engine, &encoded)
+    }
+
+    /// The encoder output (valid frames) of each clip of a batch, on the host: what the
+    /// decoder would see (for tests of batch invariance and parity).
+    pub fn encode_batch(&self, pcm: &[&[f32]]) -> Result<Vec<EncodedUtterance>> {
+        let input = self.encoder_input(pcm)?;
+        let encoded = with_encoder!(&self.encoder, e => e.run(&self.engine, &input))?;
+        self.recycle(input);
+        with_encoder!(&self.encoder, e => e.download(&self.engine, &encoded))
     }
 
     /// [`Self::transcribe_batch`] with the stream drained after features and after the
