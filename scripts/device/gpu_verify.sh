@@ -6,7 +6,7 @@
 # carry only the binaries a call runs (e.g. ".device/encoder_bench"). Logs under
 # ${OUT:-/tmp/verify}. Steps (STEPS=..., default all):
 #   tests       every cuda-engine test binary with REQUIRE_CUDA=1 (kernel, encoder, decoder,
-#               GPU-features and GPU-Sortformer parity)
+#               GPU-features and GPU-Sortformer parity, batch invariance)
 #   sortformer  scripts/bench/sortformer_gpu.sh: ms per 15 s chunk, alone and 8 x 12 % under MPS
 #   agreement   scripts/bench/token_agreement.sh with our engine (offline_bench) next to PyTorch
 #               fp32/bf16 on 100 clips of 5-60 s; PyTorch bf16 RTFx per batch size
@@ -23,7 +23,7 @@ has() { [[ " $STEPS " == *" $1 "* ]]; }
 { date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv; } | tee "$OUT/gpu.txt"
 
 if has tests; then
-  for t in ${TESTS:-kernels encoder_kernels matmul_strides features_parity encoder_parity decoder_parity sortformer_parity}; do
+  for t in ${TESTS:-kernels encoder_kernels matmul_strides features_parity encoder_parity decoder_parity batch_invariance sortformer_parity}; do
     echo "== $t"
     REQUIRE_CUDA=1 timeout 300 "$BIN/$t" --nocapture > "$OUT/$t.log" 2>&1
     echo "exit $?"
