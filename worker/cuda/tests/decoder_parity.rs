@@ -294,6 +294,8 @@ fn gpu_decoder_equals_cpu_decoder_on_fresh_random_weights() -> Result<()> {
         (128, 64, 2, 64, 5),
         (257, 96, 2, 128, 16),
         (1024, 128, 3, 96, 11),
+        // More rows than one staged chunk of the decoding kernel (16): three chunks.
+        (257, 96, 2, 128, 37),
     ] {
         let ckpt = random_decoder_checkpoint(&mut rng, vocab, hidden, layers, joint)?;
         let cpu = ParakeetModel::from_checkpoint(&ckpt)?;
