@@ -185,11 +185,6 @@ impl CudaEngine {
             .context(|| format!("allocating {len} elements"))
     }
 
-    /// The device's multiprocessor count (under MPS, as the driver reports it to this client).
-    pub(crate) fn multiprocessor_count(&self) -> Result<usize> {
-        self.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-    }
-
     /// The most dynamic shared memory one block may use after opting in.
     fn max_shared_bytes_optin(&self) -> Result<usize> {
         self.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)

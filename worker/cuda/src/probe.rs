@@ -48,6 +48,28 @@ impl DeviceProbe {
 }
 
 impl CudaEngine {
+    /// SMs this context may use: the whole device's, or under MPS the active thread
+    /// percentage's share (the device attribute keeps reporting the whole device).
+    pub(crate) fn context_sm_count(&self) -> Result<u32> {
+        self.context()
+            .bind_to_thread()
+            .context(|| "binding the context".into())?;
+        let mut affinity = std::mem::MaybeUninit::<sys::CUexecAffinityParam>::zeroed();
+        // SAFETY: the context is current on this thread (bound above) and `affinity` is a
+        // writable CUexecAffinityParam; the driver fills it for the SM-count type we ask for.
+        let status = unsafe {
+            sys::cuCtxGetExecAffinity(
+                affinity.as_mut_ptr(),
+                CUexecAffinityType::CU_EXEC_AFFINITY_TYPE_SM_COUNT,
+            )
+        };
+        status
+            .result()
+            .context(|| "reading the context's SM affinity".into())?;
+        // SAFETY: the call succeeded, so the driver initialised the SM-count variant.
+        Ok(unsafe { affinity.assume_init().param.smCount.val })
+    }
+
     /// Runs a conversion kernel on a few values and checks the result, then reads the device's
     /// and the context's properties.
     pub fn probe(&self) -> Result<DeviceProbe> {
@@ -75,23 +97,7 @@ impl CudaEngine {
             CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MPS_ENABLED,
             "whether MPS is enabled",
         )? != 0;
-        self.context()
-            .bind_to_thread()
-            .context(|| "binding the context".into())?;
-        let mut affinity = std::mem::MaybeUninit::<sys::CUexecAffinityParam>::zeroed();
-        // SAFETY: the context is current on this thread (bound above) and `affinity` is a
-        // writable CUexecAffinityParam; the driver fills it for the SM-count type we ask for.
-        let status = unsafe {
-            sys::cuCtxGetExecAffinity(
-                affinity.as_mut_ptr(),
-                CUexecAffinityType::CU_EXEC_AFFINITY_TYPE_SM_COUNT,
-            )
-        };
-        status
-            .result()
-            .context(|| "reading the context's SM affinity".into())?;
-        // SAFETY: the call succeeded, so the driver initialised the SM-count variant.
-        let context_sm_count = unsafe { affinity.assume_init().param.smCount.val };
+        let context_sm_count = self.context_sm_count()?;
         let total_memory_bytes =
             self.context()
                 .total_mem()

@@ -40,7 +40,7 @@ pub struct GpuDecoder {
     cfg: DecoderConfig,
     d_model: usize,
     weights: DecoderWeights,
-    /// Blocks of the cooperative decoding kernel: one per multiprocessor.
+    /// Blocks of the cooperative decoding kernel: one per multiprocessor this context may use.
     grid: usize,
     /// Dynamic shared memory the decoding kernel may use per block (the device's opt-in limit).
     max_shared_bytes: usize,
@@ -72,7 +72,8 @@ impl GpuDecoder {
             }
             .into());
         }
-        let grid = engine.multiprocessor_count()?.max(1);
+        // One block per SM this context may use (an MPS client's share, not the device's).
+        let grid = (engine.context_sm_count()? as usize).max(1);
         let (max_shared_bytes, resident) =
             engine.allow_max_shared_bytes(Kernel::TdtDecode, DECODE_THREADS)?;
         let n_out = cfg.vocab_size + 1 + cfg.durations.len();
