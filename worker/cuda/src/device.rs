@@ -252,11 +252,7 @@ impl CudaEngine {
         // SAFETY: forwarded from this function's contract.
         unsafe { args.launch_cooperative(config) }
             .map(|_| ())
-            .map_err(|source| CudaEngineError::Launch {
-                kernel: kernel.name(),
-                shape: shape(),
-                source,
-            })
+            .map_err(launch_failed(kernel, shape))
     }
 
     /// Launches `kernel` on the engine stream with the arguments `push` adds.
@@ -309,11 +305,19 @@ impl CudaEngine {
         // SAFETY: forwarded from this function's contract.
         unsafe { args.launch(config) }
             .map(|_| ())
-            .map_err(|source| CudaEngineError::Launch {
-                kernel: kernel.name(),
-                shape: shape(),
-                source,
-            })
+            .map_err(launch_failed(kernel, shape))
+    }
+}
+
+/// The error of a launch of `kernel` the driver refused, with the shape it was given.
+fn launch_failed(
+    kernel: Kernel,
+    shape: impl FnOnce() -> String,
+) -> impl FnOnce(DriverError) -> CudaEngineError {
+    move |source| CudaEngineError::Launch {
+        kernel: kernel.name(),
+        shape: shape(),
+        source,
     }
 }
 
