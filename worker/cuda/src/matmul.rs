@@ -240,12 +240,6 @@ impl AlgoKey {
         }
         key
     }
-
-    /// Whether the inner dimension follows the padded time axis: then only algorithms without a
-    /// split of `k` keep the sum order independent of the padding.
-    fn k_follows_time(&self) -> bool {
-        self.b_batch != 0 && self.b_layout == BLayout::KByN
-    }
 }
 
 impl Blas {
@@ -277,9 +271,9 @@ impl Blas {
 
 impl Blas {
     /// The algorithm for `key`: the cached one; else the pinned one for its batch-free key if
-    /// cuBLASLt accepts it for this problem; else the heuristic's first choice (split-K
-    /// reductions in the fp32 compute type only, none where `k` follows time), which becomes
-    /// the pinned one if there was none. Errors name the failing call.
+    /// cuBLASLt accepts it for this problem (fp32 operands only); else the heuristic's first
+    /// choice without split-K, which becomes the pinned one if there was none. Errors name the
+    /// failing call.
     fn algo(
         &self,
         key: AlgoKey,
@@ -297,6 +291,10 @@ impl Blas {
             .unwrap_or_else(PoisonError::into_inner)
             .get(&pinned_key)
             .copied();
+        // bf16 tensor-core kernels without split-K sum in one order whatever their tiles, so
+        // the fastest one per shape is kept (measured batch- and MPS-invariant on the H200);
+        // fp32 products' algorithms differ in summation order and stay pinned.
+        let pinned = pinned.filter(|_| key.input == sys::cudaDataType_t::CUDA_R_32F);
         let accepted = match pinned {
             Some(algo) => {
                 let mut result = mem::MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed();
@@ -324,7 +322,7 @@ impl Blas {
         let algo = match accepted {
             Some(algo) => algo,
             None => {
-                let algo = self.heuristic(&key, desc, [layout_a, layout_b, layout_d])?;
+                let algo = self.heuristic(desc, [layout_a, layout_b, layout_d])?;
                 self.pinned
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
@@ -346,7 +344,6 @@ impl Blas {
     /// The heuristic's first choice for these descriptors.
     fn heuristic(
         &self,
-        key: &AlgoKey,
         desc: &Desc,
         [layout_a, layout_b, layout_d]: [&Layout; 3],
     ) -> std::result::Result<sys::cublasLtMatmulAlgo_t, (&'static str, CublasError)> {
@@ -357,18 +354,11 @@ impl Blas {
             &workspace_bytes,
         )
         .map_err(|e| ("cublasLtMatmulPreferenceSetAttribute", e))?;
-        // Split-K algorithms may sum their partial products in the output type (the in-place and
-        // output-type reduction schemes); with bf16 output that rounds every partial sum. Allow
-        // only reductions in the fp32 compute type, or none at all where k follows the padded
-        // time axis (the split points would move with the padding) and for fp32 operands (the
-        // heuristic's split-K choice for them follows the multiprocessors an MPS client sees,
-        // measured on the H200: the same clip's features then differed with and without MPS).
-        let no_split = key.k_follows_time() || key.input == sys::cudaDataType_t::CUDA_R_32F;
-        let reduction_schemes = if no_split {
-            sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_NONE as u32
-        } else {
-            sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE as u32
-        };
+        // No split-K at all: its split points and partial-sum order follow the problem's rows,
+        // the padded time axis and the multiprocessors an MPS client sees, so a clip's result
+        // would depend on its batch companions and its MPS share (measured on the H200).
+        let reduction_schemes =
+            sys::cublasLtReductionScheme_t::CUBLASLT_REDUCTION_SCHEME_NONE as u32;
         pref.set(
             sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
             &reduction_schemes,
