@@ -13,6 +13,7 @@
 mod error;
 mod frame;
 mod messages;
+mod pcm_bytes;
 
 pub use error::ProtocolError;
 pub use frame::{decode_body, encode_frame, read_frame, write_frame, MAX_FRAME_BYTES};

@@ -10,7 +10,9 @@ use serde::{Deserialize, Serialize};
 /// (unpadded) frames in [`Timings`], so a client can aggregate per-batch metrics.
 /// Version 3: the [`Task`] a worker serves in its handshake; diarization requests and
 /// answers ([`DiarizeRequest`], [`DiarizeResponse`]).
-pub const PROTOCOL_VERSION: u16 = 3;
+/// Version 4: PCM as one byte string of little-endian `f32` samples (was one postcard `f32` per
+/// sample).
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// Chosen by the client, unique per connection; the worker echoes it.
 pub type RequestId = u64;
@@ -85,7 +87,7 @@ pub struct TranscribeRequest {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Audio {
     /// Mono PCM at 16 kHz, nominally in [-1, 1]. (Precomputed features: a later version.)
-    Pcm16k(Vec<f32>),
+    Pcm16k(#[serde(with = "crate::pcm_bytes")] Vec<f32>),
 }
 
 impl Audio {

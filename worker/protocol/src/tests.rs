@@ -241,3 +241,33 @@ async fn async_framing_matches_sync() {
     let got: ClientMessage = read_frame_async(&mut b).await.unwrap();
     assert_eq!(got, request());
 }
+
+/// PCM is one byte string on the wire: every sample's bits come back (NaN payloads, -0.0,
+/// subnormals), and a byte string that is not a whole number of samples is a typed error.
+#[test]
+fn pcm_travels_as_exact_bits_and_partial_samples_are_refused() {
+    let samples = vec![f32::from_bits(0x7fc0_1234), -0.0, f32::INFINITY, 1e-45, 0.5];
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    let message = ClientMessage::Transcribe(TranscribeRequest {
+        id: 7,
+        audio: Audio::Pcm16k(samples.clone()),
+        deadline_ms: None,
+    });
+    let body = encode_frame(&message).unwrap()[4..].to_vec();
+    // Variant tag, id, audio tag, byte length 20, the 20 sample bytes, no deadline.
+    assert_eq!(body.len(), 1 + 1 + 1 + 1 + 20 + 1);
+    assert_eq!(body[3], 20);
+    let ClientMessage::Transcribe(back) = decode_body::<ClientMessage>(&body).unwrap() else {
+        panic!("not a transcription request");
+    };
+    let Audio::Pcm16k(back) = back.audio;
+    assert_eq!(bits(&back), bits(&samples));
+
+    let mut partial = body.clone();
+    partial[3] = 19;
+    partial.remove(23);
+    assert!(matches!(
+        decode_body::<ClientMessage>(&partial),
+        Err(ProtocolError::Decode { .. })
+    ));
+}
