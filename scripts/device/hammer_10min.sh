@@ -24,8 +24,9 @@ start)
   setsid nohup env BIN="$BIN" OUT="$DRILL" STEPS=hammer HAMMER_S="$HAMMER_S" DIAR_MODEL=/tmp/sf.nemo \
     bash scripts/device/gpu_fleet_drill.sh > "$DRILL/hammer_run.txt" 2>&1 < /dev/null &
   echo "hammer started $(date -u +%T)"
-  # Leave the call before its 10-minute limit.
-  sleep $((555 - SECONDS > 0 ? 555 - SECONDS : 0))
+  # Leave the call before its 10-minute limit (CALL_S: seconds after this script's start).
+  CALL_S=${CALL_S:-555}
+  sleep $((CALL_S - SECONDS > 0 ? CALL_S - SECONDS : 0))
   tail -n 2 "$DRILL/hammer.log" | cut -c1-300
   ;;
 wait)

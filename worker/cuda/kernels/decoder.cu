@@ -139,12 +139,15 @@ __device__ __forceinline__ void load_tile(float4 (&wv)[TILE], const float* const
                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
-// acc[r * TILE + q] += wv[q] . xs[r][k..k+4) for the selected rows r (xs: [ROW_CHUNK][len]).
-__device__ __forceinline__ void fma_tile(float (&acc)[ROW_CHUNK * TILE], const float4 (&wv)[TILE],
+// acc[r * TILE + q] += wv[q] . xs[r][k..k+4) for the selected rows r < RC (xs: [ROW_CHUNK][len]).
+// A warp's accumulators cover the first RC rows of a chunk (1, 4 or ROW_CHUNK: fewer registers
+// and instructions when only the first rows are selected, as in small batches).
+template <int RC>
+__device__ __forceinline__ void fma_tile(float (&acc)[RC * TILE], const float4 (&wv)[TILE],
                                          const float* xs, int len, int k, unsigned sel) {
     if (k >= len) return;
 #pragma unroll
-    for (int r = 0; r < ROW_CHUNK; ++r) {
+    for (int r = 0; r < RC; ++r) {
         if (!(sel >> r & 1)) continue;
         const float4 x = *reinterpret_cast<const float4*>(xs + r * len + k);
 #pragma unroll
@@ -158,15 +161,16 @@ __device__ __forceinline__ void fma_tile(float (&acc)[ROW_CHUNK * TILE], const f
     }
 }
 
-__device__ __forceinline__ void zero_tile(float (&acc)[ROW_CHUNK * TILE]) {
+template <int N>
+__device__ __forceinline__ void zero_tile(float (&acc)[N]) {
 #pragma unroll
-    for (int i = 0; i < ROW_CHUNK * TILE; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < N; ++i) acc[i] = 0.0f;
 }
 
 // One halving exchange over lanes `offset` apart: sums the values i and i + HALF of the two
 // lanes, keeping (in acc[0..HALF)) the half this lane's `offset` bit selects.
-template <int HALF>
-__device__ __forceinline__ void halve(float (&acc)[ROW_CHUNK * TILE], int offset) {
+template <int HALF, int N>
+__device__ __forceinline__ void halve(float (&acc)[N], int offset) {
     const bool upper = threadIdx.x & offset;
 #pragma unroll
     for (int i = 0; i < HALF; ++i) {
@@ -178,8 +182,8 @@ __device__ __forceinline__ void halve(float (&acc)[ROW_CHUNK * TILE], int offset
 
 // Halving exchanges HALF, HALF / 2, ..., 2 over lanes 16, 8, ... apart; `base` becomes the index
 // of the first of the two values this lane keeps.
-template <int HALF>
-__device__ __forceinline__ void halvings(float (&acc)[ROW_CHUNK * TILE], int offset, int& base) {
+template <int HALF, int N>
+__device__ __forceinline__ void halvings(float (&acc)[N], int offset, int& base) {
     halve<HALF>(acc, offset);
     if (threadIdx.x & offset) base += HALF;
     if constexpr (HALF > 2) halvings<HALF / 2>(acc, offset / 2, base);
@@ -188,10 +192,10 @@ __device__ __forceinline__ void halvings(float (&acc)[ROW_CHUNK * TILE], int off
 // Sums accumulators 0..V over the warp and stores them at out[0..V): halving exchanges while
 // more than two values remain (V = 64: 32 + 16 + 8 + 4 + 2 shuffles instead of 64 * 5), plain
 // ones for the lane bits left.
-template <int V>
-__device__ __forceinline__ void reduce_store(float (&acc)[ROW_CHUNK * TILE], float* out) {
+template <int V, int N>
+__device__ __forceinline__ void reduce_store(float (&acc)[N], float* out) {
     constexpr int used = V == 64 ? 5 : V == 32 ? 4 : V == 16 ? 3 : V == 8 ? 2 : 1;
-    static_assert(V <= ROW_CHUNK * TILE && (1 << (used + 1)) == V, "V is 4, 8, 16, 32 or 64");
+    static_assert(V <= N && (1 << (used + 1)) == V, "V is 4, 8, 16, 32 or 64");
     int base = 0;
     halvings<V / 2>(acc, 16, base);
 #pragma unroll
@@ -206,18 +210,58 @@ __device__ __forceinline__ void reduce_store(float (&acc)[ROW_CHUNK * TILE], flo
 }
 
 // Stores the warp sums of the accumulators of the selected rows at out[r * TILE + q] (fewer
-// exchanges when only the first rows of the chunk are selected, as in small batches).
-__device__ __forceinline__ void store_warp_sums(float (&acc)[ROW_CHUNK * TILE], float* out,
+// exchanges when only the first rows of the chunk are selected). The sums' tree (lanes 16, 8,
+// 4, 2, 1 apart) is the same whichever width is reduced, so a row's result does not depend on
+// the other rows of its batch.
+template <int RC>
+__device__ __forceinline__ void store_warp_sums(float (&acc)[RC * TILE], float* out,
                                                 unsigned sel) {
     static_assert(ROW_CHUNK * TILE == 64, "the widest reduction is 64 values");
-    if (sel < (1u << 1))
+    if constexpr (RC == 1) {
         reduce_store<TILE>(acc, out);
-    else if (sel < (1u << 4))
+    } else if constexpr (RC == 4) {
         reduce_store<4 * TILE>(acc, out);
-    else if (sel < (1u << 8))
-        reduce_store<8 * TILE>(acc, out);
+    } else {
+        if (sel < (1u << 8))
+            reduce_store<8 * TILE>(acc, out);
+        else
+            reduce_store<16 * TILE>(acc, out);
+    }
+}
+
+// This warp's work items (item = warp, warp + DEC_WARPS, ...): TILE weight rows (a) times the
+// staged rows xa over one chunk, plus, if `two`, TILE more (b) times the staged rows xb, into
+// accumulators for the first RC rows; then the warp sums go to parts[item * 64 ...].
+// load_item(item, a, b) fills the weights; the first item's are loaded by the caller.
+template <int RC, typename LoadItem>
+__device__ __forceinline__ void tile_items(int items, int chunks, int len, bool two,
+                                           unsigned sel, const float* xa, const float* xb,
+                                           float* parts, float4 (&a)[TILE], float4 (&b)[TILE],
+                                           LoadItem load_item) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int item = warp; item < items; item += DEC_WARPS) {
+        if (item != warp) load_item(item, a, b);
+        const int k = (item % chunks) * CHUNK + lane * 4;
+        float acc[RC * TILE];
+        zero_tile(acc);
+        fma_tile<RC>(acc, a, xa, len, k, sel);
+        if (two) fma_tile<RC>(acc, b, xb, len, k, sel);
+        store_warp_sums<RC>(acc, parts + item * 64, sel);
+    }
+}
+
+// tile_items with the narrowest accumulator width that covers the selected rows.
+template <typename LoadItem>
+__device__ __forceinline__ void tile_items_for(int items, int chunks, int len, bool two,
+                                               unsigned sel, const float* xa, const float* xb,
+                                               float* parts, float4 (&a)[TILE],
+                                               float4 (&b)[TILE], LoadItem load_item) {
+    if (sel < (1u << 1))
+        tile_items<1>(items, chunks, len, two, sel, xa, xb, parts, a, b, load_item);
+    else if (sel < (1u << 4))
+        tile_items<4>(items, chunks, len, two, sel, xa, xb, parts, a, b, load_item);
     else
-        reduce_store<16 * TILE>(acc, out);
+        tile_items<ROW_CHUNK>(items, chunks, len, two, sel, xa, xb, parts, a, b, load_item);
 }
 
 // Work items of `groups` tiles over an inner dimension of `len`: item = group * chunks + chunk.
@@ -294,15 +338,7 @@ __device__ void lstm_layer(const TdtParams& p, int l, int parity, const int* srs
         stage_rows(hs, h_old, row0, sel, H);
         if (l > 0) stage_rows(xs, h_new - layer, row0, sel, H);  // layer l - 1, new half
         __syncthreads();
-        for (int item = warp; item < units * chunks; item += DEC_WARPS) {
-            if (item != warp) load_item(item, hh, ih);
-            const int k = (item % chunks) * CHUNK + lane * 4;
-            float acc[ROW_CHUNK * TILE];
-            zero_tile(acc);
-            fma_tile(acc, hh, hs, H, k, sel);
-            if (l > 0) fma_tile(acc, ih, xs, H, k, sel);
-            store_warp_sums(acc, parts + item * 64, sel);
-        }
+        tile_items_for(units * chunks, chunks, H, l > 0, sel, hs, xs, parts, hh, ih, load_item);
         __syncthreads();
         for (int i = threadIdx.x; i < units * ROW_CHUNK; i += blockDim.x) {
             const int u = i / ROW_CHUNK, r = i % ROW_CHUNK, row = row0 + r;
@@ -359,13 +395,9 @@ __device__ int block_linear_parts(const float* w, const float* xs, int len, int 
     __syncthreads();  // the previous chunk is done with the stage and the parts
     stage();
     __syncthreads();
-    for (int item = warp; item < groups * chunks; item += DEC_WARPS) {
-        if (item != warp) load_item(item, wv);
-        float acc[ROW_CHUNK * TILE];
-        zero_tile(acc);
-        fma_tile(acc, wv, xs, len, (item % chunks) * CHUNK + lane * 4, sel);
-        store_warp_sums(acc, parts + item * 64, sel);
-    }
+    float4 unused[TILE];
+    tile_items_for(groups * chunks, chunks, len, false, sel, xs, xs, parts, wv, unused,
+                   [&](int item, float4 (&w)[TILE], float4 (&)[TILE]) { load_item(item, w); });
     return groups;
 }
 

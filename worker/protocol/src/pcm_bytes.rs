@@ -19,7 +19,9 @@ pub(crate) fn serialize<S: Serializer>(pcm: &[f32], serializer: S) -> Result<S::
     }
 }
 
-pub(crate) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<f32>, D::Error> {
+pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<f32>, D::Error> {
     deserializer.deserialize_bytes(LittleEndianSamples)
 }
 
