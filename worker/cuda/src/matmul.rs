@@ -186,8 +186,9 @@ pub(crate) struct Blas {
     /// The algorithm per problem, settled once: the query costs host time, and a forward pass
     /// makes ~150 products.
     algos: Mutex<HashMap<AlgoKey, sys::cublasLtMatmulAlgo_t>>,
-    /// The algorithm per problem with its batch and time-dependent sizes left out (the first
-    /// one the heuristic gave for it), reused for every problem that differs only in those. A
+    /// For fp32 operands: the algorithm per problem with its batch and time-dependent sizes
+    /// left out (the first one the heuristic gave for it), reused for every problem that
+    /// differs only in those. A
     /// fixed algorithm sums each output element in a fixed order, so a row's result does not
     /// depend on how many other rows (clips) share the product or how long they are padded.
     pinned: Mutex<HashMap<AlgoKey, sys::cublasLtMatmulAlgo_t>>,
@@ -284,17 +285,20 @@ impl Blas {
         if let Some(algo) = cache().get(&key) {
             return Ok(*algo);
         }
-        let pinned_key = key.pinned();
-        let pinned = self
-            .pinned
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&pinned_key)
-            .copied();
         // bf16 tensor-core kernels without split-K sum in one order whatever their tiles, so
         // the fastest one per shape is kept (measured batch- and MPS-invariant on the H200);
         // fp32 products' algorithms differ in summation order and stay pinned.
-        let pinned = pinned.filter(|_| key.input == sys::cudaDataType_t::CUDA_R_32F);
+        let pin = key.input == sys::cudaDataType_t::CUDA_R_32F;
+        let pinned_key = key.pinned();
+        let pinned = if pin {
+            self.pinned
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&pinned_key)
+                .copied()
+        } else {
+            None
+        };
         let accepted = match pinned {
             Some(algo) => {
                 let mut result = mem::MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::zeroed();
@@ -323,11 +327,13 @@ impl Blas {
             Some(algo) => algo,
             None => {
                 let algo = self.heuristic(desc, [layout_a, layout_b, layout_d])?;
-                self.pinned
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .entry(pinned_key)
-                    .or_insert(algo);
+                if pin {
+                    self.pinned
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .entry(pinned_key)
+                        .or_insert(algo);
+                }
                 algo
             }
         };

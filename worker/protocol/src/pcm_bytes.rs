@@ -2,8 +2,8 @@
 //!
 //! postcard encodes a `Vec<f32>` one sample at a time through serde; a byte string is copied as
 //! a block. Measured on the developer machine for 45 s of audio (720 000 samples, 2.9 MB):
-//! about 1.6 ms to encode and 1.8 ms to decode per sample, against a memory copy as bytes. A
-//! request's round trip pays both, on the latency path of every clip.
+//! sample by sample, about 1.6 ms to encode and 1.8 ms to decode; as bytes, about 0.36 ms each.
+//! A request pays both on the latency path of every clip.
 
 use std::fmt;
 
