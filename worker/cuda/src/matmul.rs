@@ -188,9 +188,9 @@ pub(crate) struct Blas {
     algos: Mutex<HashMap<AlgoKey, sys::cublasLtMatmulAlgo_t>>,
     /// For fp32 operands: the algorithm per problem with its batch and time-dependent sizes
     /// left out (the first one the heuristic gave for it), reused for every problem that
-    /// differs only in those. A
-    /// fixed algorithm sums each output element in a fixed order, so a row's result does not
-    /// depend on how many other rows (clips) share the product or how long they are padded.
+    /// differs only in those. A fixed algorithm sums each output element in a fixed order, so a
+    /// row's result does not depend on how many other rows (clips) share the product or how
+    /// long they are padded.
     pinned: Mutex<HashMap<AlgoKey, sys::cublasLtMatmulAlgo_t>>,
     /// Multiprocessors the heuristic and the kernels plan for: the whole device's, also under an
     /// MPS thread limit, so a client chooses (and splits work) exactly as a lone process would.
