@@ -367,7 +367,14 @@ impl CudaEngine {
             block_dim: (FUSED_THREADS, 1, 1),
             shared_mem_bytes: FUSED_SHARED_BYTES as u32,
         };
-        let (allowed, _) = self.allow_max_shared_bytes(Kernel::RelPosAttention, FUSED_THREADS)?;
+        let allowed = match self.fused_attention_shared.get() {
+            Some(&bytes) => bytes,
+            None => {
+                let (bytes, _) =
+                    self.allow_max_shared_bytes(Kernel::RelPosAttention, FUSED_THREADS)?;
+                *self.fused_attention_shared.get_or_init(|| bytes)
+            }
+        };
         if allowed < FUSED_SHARED_BYTES {
             return Err(CudaEngineError::Shape {
                 op: OP,
