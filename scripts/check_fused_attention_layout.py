@@ -31,6 +31,20 @@ def mma(a_frags, b_frags, d_frags):
         d[0] += D[g, c]; d[1] += D[g, c + 1]; d[2] += D[g + 8, c]; d[3] += D[g + 8, c + 1]
 
 
+def ldmatrix_x4_trans(smem, address):
+    """ldmatrix.m8n8.x4.trans.b16: lanes 8m..8m+7 give the rows (row, col) of matrix m; lane t
+    receives, from each matrix, (M[c][g], M[c + 1][g]) with g = t / 4, c = 2 (t % 4)."""
+    mats = []
+    for m in range(4):
+        rows = [address(8 * m + r) for r in range(8)]
+        mats.append(np.array([smem[row, col:col + 8] for row, col in rows]))
+    out = []
+    for lane in range(32):
+        g, c = lane_gc(lane)
+        out.append([np.array([M[c, g], M[c + 1, g]]) for M in mats])
+    return out
+
+
 def load_q(q, row0, time):
     frags = []
     for lane in range(32):
@@ -110,15 +124,10 @@ def kernel(q_u, q_v, k, v, pos, time, valid, scale):
                     a = [[np.array(s[l][2 * t][0:2]), np.array(s[l][2 * t][2:4]),
                           np.array(s[l][2 * t + 1][0:2]), np.array(s[l][2 * t + 1][2:4])]
                          for l in range(32)]
-                    for n in range(NT_O):
-                        b = []
-                        for l in range(32):
-                            g, c = lane_gc(l)
-                            dim = n * 8 + g
-                            kr = t * 16 + c
-                            b.append([np.array([vs[kr, dim], vs[kr + 1, dim]]),
-                                      np.array([vs[kr + 8, dim], vs[kr + 9, dim]])])
-                        mma(a, b, [o[l][n] for l in range(32)])
+                    for n in range(0, NT_O, 2):
+                        frags = ldmatrix_x4_trans(vs, lambda l: (t * 16 + (l & 15), n * 8 + 8 * (l >> 4)))
+                        mma(a, [[f[0], f[1]] for f in frags], [o[l][n] for l in range(32)])
+                        mma(a, [[f[2], f[3]] for f in frags], [o[l][n + 1] for l in range(32)])
             ll = [sum(l_lo[(l & ~3) + q] for q in range(4)) for l in range(32)]
             lh = [sum(l_hi[(l & ~3) + q] for q in range(4)) for l in range(32)]
             for l in range(32):

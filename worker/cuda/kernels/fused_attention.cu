@@ -29,6 +29,9 @@
 #define FA_KSTEPS (FA_HD / 16) // k-steps of the score products
 #define FA_NT_S (FA_BK / 8)    // n-tiles of a warp's scores
 #define FA_NT_O (FA_HD / 8)    // n-tiles of a warp's output
+#ifndef FA_LDMATRIX
+#define FA_LDMATRIX 1  // V fragments by ldmatrix.trans (0: element by element, the plain path)
+#endif
 
 // Dynamic shared memory: K, V [BK][SD], table rows [PROWS][SD] (bf16), then per warp the band
 // [16][BAND] (f32).
@@ -54,6 +57,20 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], 
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The B fragments of two output n-tiles of P V: V's staged rows key0 .. key0 + 15, columns
+// dim0 .. dim0 + 15, transposed on the way (four 8x8 matrices: keys 0-7 and 8-15 of n-tile 0,
+// then of n-tile 1). Lane l gives the address of row key0 + (l & 15), column dim0 + 8 (l >> 4).
+__device__ __forceinline__ void load_v_fragments(unsigned (&b)[4], const bf16_t* vs, int key0,
+                                                 int dim0) {
+    const int lane = threadIdx.x & 31;
+    const bf16_t* row = vs + (key0 + (lane & 15)) * FA_SD + dim0 + 8 * (lane >> 4);
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                 : "r"(addr)
+                 : "memory");
 }
 
 // Copies `rows` rows of HD bf16 (global rows first_row + r of a [*, row_stride] matrix, valid
@@ -208,6 +225,15 @@ extern "C" __global__ __launch_bounds__(FA_WARPS * 32) void rel_pos_attention(
                                    pack_bf16(s[2 * t][2], s[2 * t][3]),
                                    pack_bf16(s[2 * t + 1][0], s[2 * t + 1][1]),
                                    pack_bf16(s[2 * t + 1][2], s[2 * t + 1][3])};
+#if FA_LDMATRIX
+#pragma unroll
+            for (int n = 0; n < FA_NT_O; n += 2) {
+                unsigned b[4];
+                load_v_fragments(b, vs, t * 16, n * 8);
+                mma_bf16(o[n], a, b[0], b[1]);
+                mma_bf16(o[n + 1], a, b[2], b[3]);
+            }
+#else
             const bf16_t* key_row = vs + (t * 16 + c) * FA_SD;
 #pragma unroll
             for (int n = 0; n < FA_NT_O; ++n) {
@@ -217,6 +243,7 @@ extern "C" __global__ __launch_bounds__(FA_WARPS * 32) void rel_pos_attention(
                                     ((unsigned)key_row[9 * FA_SD + dim] << 16);
                 mma_bf16(o[n], a, b0, b1);
             }
+#endif
         }
     }
 
