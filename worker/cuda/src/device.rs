@@ -34,6 +34,9 @@ pub struct CudaEngine {
     /// The f32-storage build of the storage-dependent kernels, compiled on first request
     /// ([`CudaEngine::load_f32_storage`]); `None` for kernels without a variant.
     f32_storage: OnceLock<Vec<Option<CudaFunction>>>,
+    /// Dynamic shared memory the fused attention kernel is allowed, set on its first launch
+    /// (the attribute call and occupancy query would otherwise cost host time every layer).
+    pub(crate) fused_attention_shared: OnceLock<usize>,
     pub(crate) blas: Blas,
 }
 
@@ -110,6 +113,7 @@ impl CudaEngine {
             compute_capability,
             functions,
             f32_storage: OnceLock::new(),
+            fused_attention_shared: OnceLock::new(),
             blas,
         })
     }

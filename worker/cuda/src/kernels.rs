@@ -19,10 +19,11 @@ pub(crate) enum KernelModule {
     Attention,
     Decoder,
     Features,
+    FusedAttention,
 }
 
 impl KernelModule {
-    pub(crate) const ALL: [KernelModule; 10] = [
+    pub(crate) const ALL: [KernelModule; 11] = [
         KernelModule::Convert,
         KernelModule::Activation,
         KernelModule::LayerNorm,
@@ -33,6 +34,7 @@ impl KernelModule {
         KernelModule::Attention,
         KernelModule::Decoder,
         KernelModule::Features,
+        KernelModule::FusedAttention,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -47,6 +49,7 @@ impl KernelModule {
             KernelModule::Attention => "attention",
             KernelModule::Decoder => "decoder",
             KernelModule::Features => "features",
+            KernelModule::FusedAttention => "fused_attention",
         }
     }
 
@@ -62,13 +65,18 @@ impl KernelModule {
             KernelModule::Attention => include_str!("../kernels/attention.cu"),
             KernelModule::Decoder => include_str!("../kernels/decoder.cu"),
             KernelModule::Features => include_str!("../kernels/features.cu"),
+            KernelModule::FusedAttention => include_str!("../kernels/fused_attention.cu"),
         }
     }
 
     /// Whether the module's kernels read or write `bf16_t` storage, so it is also built for
-    /// f32 storage. The decoder and the features are f32 throughout.
+    /// f32 storage. The decoder and the features are f32 throughout; the fused attention runs
+    /// bf16 tensor-core products only.
     pub(crate) fn has_storage_variant(self) -> bool {
-        !matches!(self, KernelModule::Decoder | KernelModule::Features)
+        !matches!(
+            self,
+            KernelModule::Decoder | KernelModule::Features | KernelModule::FusedAttention
+        )
     }
 
     /// The translation unit for one storage type.
@@ -108,10 +116,11 @@ pub(crate) enum Kernel {
     FeatureFrames,
     PowerSpectrum,
     LogMelNormalize,
+    RelPosAttention,
 }
 
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 24] = [
+    pub(crate) const ALL: [Kernel; 25] = [
         Kernel::F32ToBf16,
         Kernel::Bf16ToF32,
         Kernel::Silu,
@@ -136,6 +145,7 @@ impl Kernel {
         Kernel::FeatureFrames,
         Kernel::PowerSpectrum,
         Kernel::LogMelNormalize,
+        Kernel::RelPosAttention,
     ];
 
     /// The symbol in the compiled module.
@@ -165,6 +175,7 @@ impl Kernel {
             Kernel::FeatureFrames => "feature_frames",
             Kernel::PowerSpectrum => "power_spectrum",
             Kernel::LogMelNormalize => "log_mel_normalize",
+            Kernel::RelPosAttention => "rel_pos_attention",
         }
     }
 
@@ -190,6 +201,7 @@ impl Kernel {
             Kernel::FeatureFrames | Kernel::PowerSpectrum | Kernel::LogMelNormalize => {
                 KernelModule::Features
             }
+            Kernel::RelPosAttention => KernelModule::FusedAttention,
         }
     }
 }

@@ -37,7 +37,8 @@ pub use half::bf16;
 pub use matmul::{BLayout, MatmulInput, MatmulOutput, MatmulSpec, MatmulStrides};
 pub use ops::{
     stride2_out_len, AttentionShape, Conv2dShape, DepthwiseShape, HeadShape, LayerNormWeights,
-    QkvHeads, Residual, ResidualF32, RowShape, ScoreRows, REL_POS_WARP_KEYS,
+    QkvHeads, Residual, ResidualF32, RowShape, ScoreRows, FUSED_ATTENTION_HEAD_DIM,
+    REL_POS_WARP_KEYS,
 };
 pub use parakeet::{EncoderPrecision, FeatureLocation, GpuParakeet, PhaseTimes};
 pub use probe::DeviceProbe;

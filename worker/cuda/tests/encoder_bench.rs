@@ -6,7 +6,8 @@
 //! `REQUIRE_CUDA=1 ./encoder_bench --ignored --nocapture`. Each figure is the median over
 //! repeated `GpuEncoder::run` calls (workspace allocation included), timed on the host around a
 //! stream synchronize, after warm-ups. `ENCODER_BENCH_SHAPES` (e.g. `1x30,4x30,16x30,16x60`:
-//! batch x seconds, fractional seconds allowed) overrides the default shapes.
+//! batch x seconds, fractional seconds allowed) overrides the default shapes;
+//! `ENCODER_FUSED_ATTENTION=0` runs the unfused attention (products, softmax) for comparison.
 
 mod common;
 
@@ -211,7 +212,10 @@ fn encoder_throughput_full_size_random_weights() -> Result<()> {
     let mut rng = Rng::fresh("encoder_bench");
     let started = Instant::now();
     let tensors = random_tensors(&cfg, &mut rng);
-    let encoder: GpuEncoder = GpuEncoder::load(&engine, &tensors, &cfg)?;
+    let mut encoder: GpuEncoder = GpuEncoder::load(&engine, &tensors, &cfg)?;
+    let fused = std::env::var("ENCODER_FUSED_ATTENTION").as_deref() != Ok("0");
+    encoder.set_fused_attention(fused);
+    eprintln!("fused attention allowed: {fused}");
     engine.synchronize()?;
     drop(tensors);
     eprintln!(

@@ -155,6 +155,23 @@ impl<S: Storage> SelfAttention<S> {
         self.pos
             .forward_storage(engine, &ws.pos_table, positions, &mut ws.pos_projected)?;
 
+        let scale = 1.0 / (shape.head_dim as f32).sqrt();
+        if ws.fused_attention {
+            engine.rel_pos_attention(
+                &ws.q_u,
+                &ws.q_v,
+                &ws.k,
+                &ws.v,
+                &ws.pos_projected,
+                &ws.lengths,
+                scale,
+                shape,
+                &mut ws.context,
+            )?;
+            return self
+                .out
+                .forward_f32(engine, &ws.context, rows, &mut ws.branch);
+        }
         let no_bias: Option<&CudaSlice<f32>> = None;
         engine.matmul(
             &shape.scores_matmul(),
@@ -170,7 +187,6 @@ impl<S: Storage> SelfAttention<S> {
             no_bias,
             &mut ws.scores_bd,
         )?;
-        let scale = 1.0 / (shape.head_dim as f32).sqrt();
         let score_rows = ScoreRows::aligned(&shape, positions);
         match self.attention {
             AttentionModel::RelPos => engine.rel_pos_softmax(

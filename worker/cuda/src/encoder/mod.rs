@@ -44,6 +44,9 @@ pub struct GpuEncoder<S = bf16> {
     /// then run the layers on a longer sequence) does not resize the main workspace every step.
     pre_encode_workspace: Mutex<Option<PreEncodeWorkspace<S>>>,
     subsampling_scratch_bytes: usize,
+    /// Whether full relative-position attention may run as the one fused kernel (bf16, head
+    /// dim 128, compute capability 8.0+); otherwise the unfused products and softmax.
+    fused_attention: bool,
 }
 
 /// Each of the two subsampling scratch buffers holds the first convolution's output: 49 MB per
@@ -124,7 +127,25 @@ impl<S: Storage> GpuEncoder<S> {
             workspace: Mutex::new(None),
             pre_encode_workspace: Mutex::new(None),
             subsampling_scratch_bytes: DEFAULT_SUBSAMPLING_SCRATCH_BYTES,
+            fused_attention: true,
         })
+    }
+
+    /// Allows (default) or forbids the fused attention kernel where it applies (for side-by-side
+    /// benchmarks and as a fallback). Takes effect at the next workspace (shape change).
+    pub fn set_fused_attention(&mut self, allowed: bool) {
+        self.fused_attention = allowed;
+        *self
+            .workspace
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// Whether a pass of `shape` runs the fused attention kernel.
+    fn fuses_attention(&self, engine: &CudaEngine, shape: &HeadShape) -> bool {
+        self.fused_attention
+            && matches!(self.cfg.attention, AttentionModel::RelPos)
+            && engine.supports_fused_attention::<S>(shape)
     }
 
     pub fn config(&self) -> &EncoderConfig {
@@ -225,6 +246,7 @@ impl<S: Storage> GpuEncoder<S> {
                 subsampling_group: group,
             },
             attention: self.cfg.attention,
+            fused_attention: self.fuses_attention(engine, &shape),
             shape,
             ff_hidden: self.cfg.ff_hidden,
             subsampling_elements: self.subsampling.scratch_elements(group, input.time),
@@ -440,15 +462,17 @@ impl<S: Storage> GpuEncoder<S> {
         }
         let scale = self.subsampling.xscale();
         let scaled: Vec<f32> = pre_encoded.iter().map(|v| v * scale).collect();
+        let pre_encoded_shape = HeadShape {
+            batch: 1,
+            time: frames,
+            heads: self.cfg.n_heads,
+            head_dim: d / self.cfg.n_heads,
+        };
         let size = WorkspaceSize {
             key: WorkspaceKey::PreEncoded { batch: 1, frames },
             attention: self.cfg.attention,
-            shape: HeadShape {
-                batch: 1,
-                time: frames,
-                heads: self.cfg.n_heads,
-                head_dim: d / self.cfg.n_heads,
-            },
+            fused_attention: self.fuses_attention(engine, &pre_encoded_shape),
+            shape: pre_encoded_shape,
             ff_hidden: self.cfg.ff_hidden,
             subsampling_elements: 1,
             group_features_elements: 1,

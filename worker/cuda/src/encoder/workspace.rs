@@ -65,12 +65,15 @@ pub(crate) struct Workspace<S> {
     pub(crate) conv_out: CudaSlice<S>,
     /// Valid encoder frames per utterance `[batch]` (set by every pass).
     pub(crate) lengths: CudaSlice<i32>,
+    /// Attention runs as the one fused kernel: the score buffers above are then one element.
+    pub(crate) fused_attention: bool,
 }
 
 /// What a workspace is sized from.
 pub(crate) struct WorkspaceSize {
     pub(crate) key: WorkspaceKey,
     pub(crate) attention: AttentionModel,
+    pub(crate) fused_attention: bool,
     pub(crate) shape: HeadShape,
     pub(crate) ff_hidden: usize,
     pub(crate) subsampling_elements: usize,
@@ -85,7 +88,9 @@ impl<S: Storage> Workspace<S> {
         let rows = shape.batch * shape.time;
         let positions = positions_for(size.attention, shape.time);
         let d = shape.d_model();
-        let scores = shape.score_elements();
+        // The fused kernel keeps scores on chip: no score, probability or per-head buffers.
+        let unfused = |elements: usize| if size.fused_attention { 1 } else { elements };
+        let scores = unfused(shape.score_elements());
         Ok(Self {
             key: size.key,
             shape,
@@ -107,15 +112,17 @@ impl<S: Storage> Workspace<S> {
             pos_table: upload_storage(engine, &table_for(size.attention, shape.time, d))?,
             pos_projected: engine.zeros(positions * d)?,
             scores_ac: engine.zeros(scores)?,
-            scores_bd: engine
-                .zeros(shape.heads * shape.batch * shape.time * HeadShape::bd_row(positions))?,
+            scores_bd: engine.zeros(unfused(
+                shape.heads * shape.batch * shape.time * HeadShape::bd_row(positions),
+            ))?,
             probs: engine.zeros(scores)?,
-            context_heads: engine.zeros(n)?,
+            context_heads: engine.zeros(unfused(n))?,
             context: engine.zeros(n)?,
             conv_in: engine.zeros(2 * n)?,
             conv_gated: engine.zeros(n)?,
             conv_out: engine.zeros(n)?,
             lengths: engine.zeros(shape.batch)?,
+            fused_attention: size.fused_attention,
         })
     }
 }

@@ -9,13 +9,23 @@ use crate::device::{per_row_config, CudaEngine};
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
 use crate::matmul::{BLayout, MatmulSpec, MatmulStrides};
-use crate::storage::Storage;
+use crate::storage::{Storage, StorageKind};
 
 /// Longest score row `rel_pos_softmax_warp` takes (32 lanes × `REL_POS_WARP_VALUES` in
 /// `kernels/attention.cu`); longer rows use the block-per-row kernel.
 pub const REL_POS_WARP_KEYS: usize = 32 * 32;
 /// Warps (score rows) per block of `rel_pos_softmax_warp`.
 const WARPS_PER_BLOCK: usize = 8;
+
+/// The head dimension `rel_pos_attention` is built for (`FA_HD` in
+/// `kernels/fused_attention.cu`): Parakeet TDT 0.6B's 1024 channels over 8 heads.
+pub const FUSED_ATTENTION_HEAD_DIM: usize = 128;
+/// Queries per block and threads per block of `rel_pos_attention` (`FA_BQ`, `FA_WARPS * 32`).
+const FUSED_QUERIES_PER_BLOCK: usize = 64;
+const FUSED_THREADS: u32 = 128;
+/// Its dynamic shared memory (`FA_SHARED_BYTES`): K and V tiles and 128 table rows of 136 bf16,
+/// and a 16 x 80 f32 band per warp.
+const FUSED_SHARED_BYTES: usize = (2 * 64 + 128) * (128 + 8) * 2 + 4 * 16 * 80 * 4;
 
 /// `batch` padded sequences of `time` frames, `heads` heads of `head_dim` channels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -296,6 +306,117 @@ impl CudaEngine {
                 },
             )
         }
+    }
+
+    /// `out [batch, time, d] = softmax(scale * ((q+u)Kᵀ + shift((q+v)Pᵀ))) V` in one kernel
+    /// (`kernels/fused_attention.cu`, flash-style, no score buffers): `q_u`, `q_v`, `k`, `v`
+    /// `[heads, batch, time, head_dim]` as [`CudaEngine::split_qkv_heads`] leaves them, `pos`
+    /// the projected table `[2*time-1, d]` (row c: relative position `time-1-c`), `lengths`
+    /// `[batch]`. bf16 only, head_dim [`FUSED_ATTENTION_HEAD_DIM`], compute capability 8.0+.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rel_pos_attention<S: Storage>(
+        &self,
+        q_u: &CudaSlice<S>,
+        q_v: &CudaSlice<S>,
+        k: &CudaSlice<S>,
+        v: &CudaSlice<S>,
+        pos: &CudaSlice<S>,
+        lengths: &CudaSlice<i32>,
+        scale: f32,
+        shape: HeadShape,
+        out: &mut CudaSlice<S>,
+    ) -> Result<()> {
+        const OP: &str = "rel_pos_attention";
+        let [batch, time, heads, _] = shape.kernel_args(OP)?;
+        if !self.supports_fused_attention::<S>(&shape) {
+            return Err(CudaEngineError::Shape {
+                op: OP,
+                detail: format!(
+                    "{:?} storage, {shape:?}, compute capability {:?}: the kernel takes bf16, \
+                     head_dim {FUSED_ATTENTION_HEAD_DIM}, 8.0 or newer",
+                    S::KIND,
+                    self.compute_capability()
+                ),
+            });
+        }
+        let n = shape.elements();
+        for (name, len) in [
+            ("q_u", q_u.len()),
+            ("q_v", q_v.len()),
+            ("k", k.len()),
+            ("v", v.len()),
+        ] {
+            check_len(OP, name, len, n)?;
+        }
+        check_len(OP, "pos", pos.len(), shape.positions() * shape.d_model())?;
+        check_len(OP, "lengths", lengths.len(), shape.batch)?;
+        check_len(OP, "out", out.len(), n)?;
+        let pos_row = to_i32(OP, "d_model", shape.d_model())?;
+        let grid = |what: &str, count: usize| {
+            u32::try_from(count).map_err(|_| CudaEngineError::Shape {
+                op: OP,
+                detail: format!("{count} {what} exceed the grid"),
+            })
+        };
+        let config = LaunchConfig {
+            grid_dim: (
+                grid("query tiles", shape.time.div_ceil(FUSED_QUERIES_PER_BLOCK))?,
+                grid("(head, utterance) pairs", shape.heads * shape.batch)?,
+                1,
+            ),
+            block_dim: (FUSED_THREADS, 1, 1),
+            shared_mem_bytes: FUSED_SHARED_BYTES as u32,
+        };
+        let allowed = match self.fused_attention_shared.get() {
+            Some(&bytes) => bytes,
+            None => {
+                let (bytes, _) =
+                    self.allow_max_shared_bytes(Kernel::RelPosAttention, FUSED_THREADS)?;
+                *self.fused_attention_shared.get_or_init(|| bytes)
+            }
+        };
+        if allowed < FUSED_SHARED_BYTES {
+            return Err(CudaEngineError::Shape {
+                op: OP,
+                detail: format!(
+                    "needs {FUSED_SHARED_BYTES} bytes of shared memory per block, the device \
+                     allows {allowed}"
+                ),
+            });
+        }
+        // SAFETY: signature (const bf16_t* q_u, const bf16_t* q_v, const bf16_t* k,
+        // const bf16_t* v, const bf16_t* pos, int pos_row, const int* lengths, float scale,
+        // int batch, int time, int heads, bf16_t* out); one block per 64 queries of one
+        // (head, utterance), its shared memory allowed above; every buffer checked against the
+        // shape (head_dim 128), the table against 2*time-1 rows of d.
+        unsafe {
+            self.launch(
+                Kernel::RelPosAttention,
+                config,
+                || format!("{shape:?}"),
+                |args| {
+                    args.arg(q_u)
+                        .arg(q_v)
+                        .arg(k)
+                        .arg(v)
+                        .arg(pos)
+                        .arg(&pos_row)
+                        .arg(lengths)
+                        .arg(&scale)
+                        .arg(&batch)
+                        .arg(&time)
+                        .arg(&heads)
+                        .arg(out);
+                },
+            )
+        }
+    }
+
+    /// Whether [`CudaEngine::rel_pos_attention`] takes this storage and shape on this device.
+    pub fn supports_fused_attention<S: Storage>(&self, shape: &HeadShape) -> bool {
+        S::KIND == StorageKind::Bf16
+            && shape.head_dim == FUSED_ATTENTION_HEAD_DIM
+            && self.compute_capability().0 >= 8
     }
 
     /// Local-attention softmax over keys `i-left ..= i+right`; `bd` is `[heads*batch, time,

@@ -9,7 +9,7 @@ mod residual_norm;
 mod softmax;
 mod subsampling;
 
-pub use attention::{HeadShape, QkvHeads, ScoreRows, REL_POS_WARP_KEYS};
+pub use attention::{HeadShape, QkvHeads, ScoreRows, FUSED_ATTENTION_HEAD_DIM, REL_POS_WARP_KEYS};
 pub use depthwise_conv::DepthwiseShape;
 pub use layer_norm::{LayerNormWeights, Residual, RowShape};
 pub use residual_norm::ResidualF32;
