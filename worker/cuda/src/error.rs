@@ -56,6 +56,15 @@ pub enum CudaEngineError {
     /// The GPU decoder broke one of its own invariants (a bug, never input-driven).
     #[error("TDT decoder on the GPU: {0}")]
     Decoder(String),
+
+    /// Passing shareable device memory between processes failed (the socket, or what came
+    /// over it).
+    #[error("sharing device memory between processes: {context}: {source}")]
+    Sharing {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl CudaEngineError {

@@ -21,6 +21,7 @@ mod matmul;
 mod ops;
 mod parakeet;
 mod probe;
+mod shared_memory;
 mod sortformer;
 mod storage;
 
@@ -42,5 +43,6 @@ pub use ops::{
 };
 pub use parakeet::{EncoderPrecision, FeatureLocation, GpuParakeet, PhaseTimes};
 pub use probe::DeviceProbe;
+pub use shared_memory::{receive_shared, send_shared, SharedDeviceMemory};
 pub use sortformer::{GpuSortformer, GpuSpeakerNetwork};
 pub use storage::{Storage, StorageKind};
