@@ -120,6 +120,12 @@ impl GpuParakeet {
         with_encoder!(&mut self.encoder, e => e.set_subsampling_scratch_limit_bytes(bytes));
     }
 
+    /// Allows (default) or forbids the fused attention kernel (see
+    /// [`GpuEncoder::set_fused_attention`]); call before `warm_up`.
+    pub fn set_fused_attention(&mut self, allowed: bool) {
+        with_encoder!(&mut self.encoder, e => e.set_fused_attention(allowed));
+    }
+
     pub fn encoder_precision(&self) -> EncoderPrecision {
         match self.encoder {
             Encoder::Bf16(_) => EncoderPrecision::Bf16,

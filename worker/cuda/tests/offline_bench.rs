@@ -4,7 +4,8 @@
 //!
 //! Ignored by default; on a GPU:
 //! `OFFLINE_MODEL=m.nemo OFFLINE_MANIFEST=clips.jsonl OFFLINE_OUT=ours.jsonl OFFLINE_BATCH=16
-//!  [OFFLINE_PRECISION=bf16|f32] [OFFLINE_FEATURES=device|host] ./offline_bench --ignored --nocapture`.
+//!  [OFFLINE_PRECISION=bf16|f32] [OFFLINE_FEATURES=device|host] [ENCODER_FUSED_ATTENTION=0]
+//!  ./offline_bench --ignored --nocapture`.
 //! The manifest has one JSON object per line with at least `"path"` (16 kHz mono PCM16 WAV, as
 //! `scripts/bench/make_clips.py` writes). Clips are sorted by length and cut into batches of
 //! `OFFLINE_BATCH`; the wall time covers features, encoder and decoder of every batch (WAV
@@ -71,6 +72,7 @@ fn offline_transcription() -> Result<()> {
     };
     let mut model = GpuParakeet::load_with(&model_path, 0, precision)?;
     model.set_feature_location(features);
+    model.set_fused_attention(std::env::var("ENCODER_FUSED_ATTENTION").as_deref() != Ok("0"));
     model.warm_up(batch.min(clips.len()).max(1), longest_s.max(1.0))?;
 
     let mut order: Vec<usize> = (0..clips.len()).collect();
