@@ -15,8 +15,9 @@
 // max, sum and output. Every row's arithmetic depends only on its own utterance (key tiles start
 // at 0 whatever the padding), so results do not depend on the batch.
 //
-// Not wired into the encoder yet (wip): correctness and speed unmeasured. Before sm_80 (no bf16
-// mma) the kernel traps; its wrapper refuses such devices first.
+// The bf16 encoder uses it for head_dim 128 on sm_80+ (tests/fused_attention.rs checks it against
+// an f64 reference and for batch invariance). Before sm_80 (no bf16 mma) the kernel traps; its
+// wrapper refuses such devices first.
 
 
 #define FA_HD 128              // head dim (Parakeet TDT 0.6B: 1024 / 8 heads)
