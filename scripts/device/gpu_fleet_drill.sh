@@ -6,6 +6,10 @@
 #            to audio-dependent tokens (scripts/bench/calibrate_random_parakeet.py)
 #   probe    `worker probe` without MPS
 #   single   one CUDA worker: start-to-ready time, GPU memory, one 45 s clip end to end
+#   memory   4 workers at 25 % under MPS serving for MEM_S seconds (default 30), once with the
+#            encoder weights shared per GPU (the fleet's default) and once private
+#            (--no-weight-sharing): GPU memory in use (nvidia-smi, whole GPU, MPS server included)
+#            sampled every second; memory.txt has the steady state per instance
 #   mps4     4 workers at 25 % under MPS: probes, SIGKILL of one -> group restart, clean stop
 #   mps8     8 workers at 12 %: same
 #   twogpu   (2 GPUs) 4 workers per GPU, one MPS domain each; SIGKILL in GPU 0's group restarts
@@ -64,6 +68,34 @@ if has single; then
   "$BIN/hammer" --engine cuda --model "$MODEL" --worker-binary "$BIN/worker" --clips /tmp/clip45.wav \
     --gpus 0 --instances-per-gpu 1 --no-mps --skip-golden --concurrency 1 --duration-s 15 \
     --runtime-dir /tmp/fleet-single 2>&1 | grep -E '"summary"' | tee "$OUT/latency45.json"
+fi
+
+if has memory; then
+  for mode in shared private; do
+    flag=(); [ "$mode" = private ] && flag=(--no-weight-sharing)
+    base=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
+    "$BIN/hammer" --engine cuda --model "$MODEL" --worker-binary "$BIN/worker" --clips "$CLIPS" \
+      --gpus 0 --instances-per-gpu 4 --concurrency 16 --duration-s "${MEM_S:-30}" --skip-golden \
+      "${flag[@]}" --runtime-dir "/tmp/fleet-mem-$mode" > "$OUT/memory-$mode.log" 2>&1 &
+    hp=$!
+    : > "$OUT/memory-$mode.samples"
+    while kill -0 $hp 2>/dev/null; do
+      nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1 >> "$OUT/memory-$mode.samples"
+      sleep 1
+    done
+    wait $hp
+    grep -E '"summary"' "$OUT/memory-$mode.log" | cut -c1-300
+    # Steady state: the median of the last third of the samples (serving, after every load).
+    python3 - "$OUT/memory-$mode.samples" "$base" "$mode" <<'PY' | tee -a "$OUT/memory.txt"
+import statistics, sys
+samples = [int(x) for x in open(sys.argv[1]) if x.strip()]
+base, mode = int(sys.argv[2]), sys.argv[3]
+steady = statistics.median(samples[-max(1, len(samples) // 3):])
+print(f"memory {mode}: idle {base} MiB, peak {max(samples)} MiB, steady {steady:.0f} MiB, "
+      f"per instance (steady - idle) / 4 = {(steady - base) / 4:.0f} MiB")
+PY
+    sleep 2
+  done
 fi
 
 drill() { # instances percentage

@@ -109,6 +109,11 @@ pub struct ServeArgs {
         default_value_t = 256
     )]
     pub cuda_subsampling_scratch_mib: usize,
+    /// A directory where the CUDA workers of a GPU share one copy of the encoder weights (each
+    /// compares the shared copy with its own load before using it). Unset: private weights.
+    /// The fleet sets it for its workers.
+    #[arg(long, env = "WORKER_CUDA_WEIGHTS_SHARE_DIR")]
+    pub cuda_weights_share_dir: Option<PathBuf>,
     /// Batch sizes the batcher fills to (it runs the largest one reached at once).
     #[arg(
         long,
@@ -195,6 +200,7 @@ impl ServeArgs {
                     mib => mib << 20,
                 },
                 precision: self.cuda_encoder_precision.into(),
+                weights_share_dir: self.cuda_weights_share_dir.clone(),
             },
         }
     }

@@ -2,9 +2,11 @@
 //! trait. It warms up (decoder graph captured, one full batch run) before the worker reports
 //! ready, and it never runs anywhere but its GPU.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use cuda_engine::{DeviceProbe, EncoderPrecision, FeatureLocation, GpuParakeet};
+use cuda_engine::{
+    DeviceProbe, EncoderPrecision, FeatureLocation, GpuParakeet, WeightShare, WeightSharing,
+};
 use models::transcript::Hypothesis;
 use worker_protocol::{DeviceReport, ModelInfo, MpsReport};
 
@@ -14,7 +16,7 @@ use crate::error::WorkerError;
 /// The GPU, the batch envelope the decoder's CUDA graph is captured for (larger batches run
 /// eagerly), where features are computed, the encoder's storage type and its subsampling
 /// scratch cap (`None`: none).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct CudaSettings {
     pub device: usize,
     pub graph_max_batch: usize,
@@ -23,6 +25,8 @@ pub struct CudaSettings {
     pub precision: EncoderPrecision,
     /// Cap of each subsampling scratch buffer (`usize::MAX`: none).
     pub subsampling_scratch_bytes: usize,
+    /// Where the workers of this GPU share one copy of the encoder weights (`None`: private).
+    pub weights_share_dir: Option<PathBuf>,
 }
 
 pub struct CudaEngine {
@@ -39,6 +43,9 @@ impl CudaEngine {
         model.set_subsampling_scratch_limit_bytes(settings.subsampling_scratch_bytes);
         let probe = model.engine().probe().map_err(WorkerError::Cuda)?;
         tracing::info!(device = %probe.summary(), "CUDA engine loaded");
+        if let Some(dir) = &settings.weights_share_dir {
+            share_weights(&mut model, path, dir, settings.precision)?;
+        }
         model
             .warm_up(settings.graph_max_batch, settings.graph_max_seconds)
             .map_err(WorkerError::Cuda)?;
@@ -48,6 +55,41 @@ impl CudaEngine {
             probe,
         })
     }
+}
+
+/// Puts the encoder weights in the GPU's shared arena (before warm-up, so every pass and graph
+/// uses them). A sibling's arena that differs from this worker's own copy is refused: the worker
+/// then runs on its private weights and says so.
+fn share_weights(
+    model: &mut GpuParakeet,
+    path: &Path,
+    dir: &Path,
+    precision: EncoderPrecision,
+) -> Result<(), WorkerError> {
+    let share = WeightShare::for_model(dir, path, precision.name(), model.engine())
+        .map_err(WorkerError::Cuda)?;
+    match model.share_weights(&share).map_err(WorkerError::Cuda)? {
+        WeightSharing::Created { bytes } => {
+            tracing::info!(
+                bytes,
+                key = share.key(),
+                "published this GPU's shared encoder weights"
+            )
+        }
+        WeightSharing::Imported { bytes } => {
+            tracing::info!(
+                bytes,
+                key = share.key(),
+                "mapped this GPU's shared encoder weights"
+            )
+        }
+        WeightSharing::Private { reason } => tracing::warn!(
+            %reason,
+            key = share.key(),
+            "the shared encoder weights differ from this worker's: keeping a private copy"
+        ),
+    }
+    Ok(())
 }
 
 /// The handshake's view of a probe.

@@ -81,7 +81,7 @@ pub(crate) fn one_per_clip(
 }
 
 /// Per-engine choices (each engine reads its own).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct EngineSettings {
     pub onnx: OnnxSettings,
     pub cuda: CudaSettings,

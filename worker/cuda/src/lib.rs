@@ -24,6 +24,8 @@ mod probe;
 mod shared_memory;
 mod sortformer;
 mod storage;
+mod weight_arena;
+mod weight_share;
 
 pub use cudarc::driver::CudaSlice;
 pub use decoder::{DecoderEnvelope, GpuDecoder};
@@ -41,8 +43,9 @@ pub use ops::{
     QkvHeads, Residual, ResidualF32, RowShape, ScoreRows, FUSED_ATTENTION_HEAD_DIM,
     REL_POS_WARP_KEYS,
 };
-pub use parakeet::{EncoderPrecision, FeatureLocation, GpuParakeet, PhaseTimes};
+pub use parakeet::{EncoderPrecision, FeatureLocation, GpuParakeet, PhaseTimes, WeightSharing};
 pub use probe::DeviceProbe;
 pub use shared_memory::{receive_shared, send_shared, SharedDeviceMemory};
 pub use sortformer::{GpuSortformer, GpuSpeakerNetwork};
 pub use storage::{Storage, StorageKind};
+pub use weight_share::{ShareServer, WeightShare};

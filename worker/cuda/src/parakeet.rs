@@ -3,6 +3,7 @@
 //! or (opt-in) the device.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use models::checkpoint::Checkpoint;
@@ -16,6 +17,8 @@ use crate::device::CudaEngine;
 use crate::encoder::{EncoderInput, GpuEncoder};
 use crate::error::Result;
 use crate::features::GpuFeatures;
+use crate::weight_arena::Adoption;
+use crate::weight_share::{ShareServer, WeightShare};
 use half::bf16;
 
 /// Where log-mel features are computed.
@@ -37,6 +40,27 @@ pub enum EncoderPrecision {
     Bf16,
     /// f32 throughout (fp32 matmuls, never TF32): NeMo's fp32 inference up to summation order.
     F32,
+}
+
+impl EncoderPrecision {
+    /// The storage type's name ("bf16", "f32").
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Bf16 => "bf16",
+            Self::F32 => "f32",
+        }
+    }
+}
+
+/// Where the encoder's matmul weights live after [`GpuParakeet::share_weights`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WeightSharing {
+    /// No other worker had them: this one made the GPU's arena (and serves it).
+    Created { bytes: usize },
+    /// Mapped from a sibling's arena after a byte-for-byte comparison with this worker's copy.
+    Imported { bytes: usize },
+    /// A sibling's arena did not match this worker's weights: they stay private.
+    Private { reason: String },
 }
 
 /// The encoder in the chosen storage type.
@@ -64,6 +88,8 @@ pub struct GpuParakeet {
     features: GpuFeatures,
     encoder: Encoder,
     decoder: GpuDecoder,
+    /// Publishes the shared weight arena to sibling workers while this model lives.
+    weight_server: Option<ShareServer>,
 }
 
 impl GpuParakeet {
@@ -99,6 +125,7 @@ impl GpuParakeet {
             config: ckpt.config.clone(),
             vocabulary: ckpt.vocabulary.clone(),
             engine,
+            weight_server: None,
         })
     }
 
@@ -118,6 +145,37 @@ impl GpuParakeet {
     /// [`GpuEncoder::set_subsampling_scratch_limit_bytes`]); call before `warm_up`.
     pub fn set_subsampling_scratch_limit_bytes(&mut self, bytes: usize) {
         with_encoder!(&mut self.encoder, e => e.set_subsampling_scratch_limit_bytes(bytes));
+    }
+
+    /// Moves the encoder's matmul weights (nearly all of the model's memory) into the GPU's
+    /// shared arena named by `share`: mapped from a sibling worker's arena if one is published
+    /// and holds exactly these bytes, else a new arena that this model then publishes. Call
+    /// once, before `warm_up`.
+    pub fn share_weights(&mut self, share: &WeightShare) -> Result<WeightSharing> {
+        let _lock = share.lock()?;
+        let engine = &self.engine;
+        let (arena, created) = match share.find(engine)? {
+            Some(found) => {
+                let found = Arc::new(found);
+                let adoption =
+                    with_encoder!(&mut self.encoder, e => e.adopt_weight_arena(engine, &found))?;
+                if let Adoption::Refused(reason) = adoption {
+                    return Ok(WeightSharing::Private { reason });
+                }
+                (found, false)
+            }
+            None => (
+                with_encoder!(&mut self.encoder, e => e.move_weights_into_arena(engine))?,
+                true,
+            ),
+        };
+        let bytes = arena.bytes();
+        self.weight_server = Some(share.serve(arena)?);
+        Ok(if created {
+            WeightSharing::Created { bytes }
+        } else {
+            WeightSharing::Imported { bytes }
+        })
     }
 
     /// Allows (default) or forbids the fused attention kernel (see

@@ -66,6 +66,10 @@ impl SharedDeviceMemory {
     /// A new file descriptor for this allocation, to send to another process on the same
     /// machine (it then calls [`SharedDeviceMemory::import`] with it and [`Self::bytes`]).
     pub fn export(&self) -> Result<OwnedFd> {
+        // Exports may come from a thread that serves other processes.
+        self.ctx
+            .bind_to_thread()
+            .context(|| "binding the context to export shareable memory".into())?;
         let mut fd: i32 = -1;
         // SAFETY: the handle is alive (owned by self) and was created with the POSIX
         // file-descriptor handle type; for that type the output is one `int`.
@@ -156,6 +160,11 @@ impl SharedDeviceMemory {
         self.bytes
     }
 
+    /// The start of the mapping in this process's device address space.
+    pub(crate) fn device_ptr(&self) -> CUdeviceptr {
+        self.ptr
+    }
+
     /// Copies `data` to `offset` bytes into the allocation (synchronously).
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.check_range("SharedDeviceMemory::write", offset, data.len())?;
@@ -214,6 +223,8 @@ impl Drop for SharedDeviceMemory {
         if self.ctx.bind_to_thread().is_err() {
             return; // the context is gone: so is its address space
         }
+        // Work still queued may read the memory (e.g. weights of a model being dropped).
+        let _ = self.ctx.synchronize();
         // SAFETY: the range was reserved (and possibly mapped) by `map` for this value only;
         // nothing else refers to it once the value is dropped. Failures (e.g. a range that was
         // never mapped) leave nothing to undo.

@@ -17,7 +17,7 @@ pub enum StorageKind {
 
 /// An element type the encoder can store weights and activations in.
 pub trait Storage:
-    DeviceRepr + ValidAsZeroBits + MatmulInput + MatmulOutput + Copy + Send + Sync + 'static
+    DeviceRepr + ValidAsZeroBits + MatmulInput + MatmulOutput + bytemuck::Pod + Send + Sync + 'static
 {
     const KIND: StorageKind;
     /// Rounds an f32 to this type (bf16: round to nearest even).

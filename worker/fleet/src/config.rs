@@ -20,6 +20,9 @@ pub struct FleetConfig {
     pub runtime_dir: PathBuf,
     /// The file lock that serialises model loading across workers (and supervisors).
     pub load_lock: PathBuf,
+    /// Where the transcription workers of each GPU share one copy of the encoder weights
+    /// (`worker --cuda-weights-share-dir`); `None`: every worker keeps its own.
+    pub weights_share_dir: Option<PathBuf>,
     /// Requests sent to one worker and not yet answered, at most.
     pub max_outstanding_per_worker: usize,
     /// Requests waiting for a worker, at most; submitters block beyond this.
@@ -75,6 +78,7 @@ impl FleetConfig {
                 mps: None,
             }],
             load_lock: runtime_dir.join("model-load.lock"),
+            weights_share_dir: Some(runtime_dir.join("weights")),
             runtime_dir,
             max_outstanding_per_worker: 32,
             max_waiting: 1024,

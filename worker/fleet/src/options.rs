@@ -46,6 +46,10 @@ pub struct FleetOptions {
     /// fleet per directory.
     #[arg(long, env = "FLEET_RUNTIME_DIR")]
     pub runtime_dir: Option<PathBuf>,
+    /// Every transcription worker keeps its own copy of the encoder weights (by default the
+    /// CUDA workers of a GPU share one, under `<runtime-dir>/weights`).
+    #[arg(long, env = "FLEET_NO_WEIGHT_SHARING")]
+    pub no_weight_sharing: bool,
     /// Extra `worker serve` argument, repeatable: `--worker-arg=--max-batch-wait-ms=20`.
     #[arg(
         long = "worker-arg",
@@ -130,6 +134,9 @@ impl FleetOptions {
         config.engine = engine.to_owned();
         config.groups = groups;
         config.worker_args = self.worker_args.clone();
+        if self.no_weight_sharing {
+            config.weights_share_dir = None;
+        }
         config.max_outstanding_per_worker = self.max_outstanding_per_worker;
         config.request_timeout = Duration::from_secs(self.request_timeout_s);
         config.health_timeout = Duration::from_millis(self.health_timeout_ms);

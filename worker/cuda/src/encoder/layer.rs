@@ -13,6 +13,7 @@ use crate::device::CudaEngine;
 use crate::error::Result;
 use crate::ops::{DepthwiseShape, QkvHeads, ResidualF32, RowShape, ScoreRows};
 use crate::storage::Storage;
+use crate::weight_arena::WeightBuffer;
 
 /// Residual weight of the two macaron feed-forward modules.
 const FF_RESIDUAL_SCALE: f32 = 0.5;
@@ -23,6 +24,10 @@ struct FeedForward<S> {
 }
 
 impl<S: Storage> FeedForward<S> {
+    fn weights_mut(&mut self) -> [&mut WeightBuffer<S>; 2] {
+        [self.linear1.weight_mut(), self.linear2.weight_mut()]
+    }
+
     fn load(
         engine: &CudaEngine,
         tensors: &TensorMap,
@@ -69,6 +74,14 @@ struct SelfAttention<S> {
 }
 
 impl<S: Storage> SelfAttention<S> {
+    fn weights_mut(&mut self) -> [&mut WeightBuffer<S>; 3] {
+        [
+            self.qkv.weight_mut(),
+            self.pos.weight_mut(),
+            self.out.weight_mut(),
+        ]
+    }
+
     fn load(
         engine: &CudaEngine,
         tensors: &TensorMap,
@@ -230,6 +243,10 @@ struct ConvModule<S> {
 }
 
 impl<S: Storage> ConvModule<S> {
+    fn weights_mut(&mut self) -> [&mut WeightBuffer<S>; 2] {
+        [self.pointwise1.weight_mut(), self.pointwise2.weight_mut()]
+    }
+
     fn load(
         engine: &CudaEngine,
         tensors: &TensorMap,
@@ -295,6 +312,16 @@ pub(crate) struct ConformerLayer<S> {
 }
 
 impl<S: Storage> ConformerLayer<S> {
+    /// The layer's matmul weights, in a fixed order (the shared arena's layout).
+    pub(crate) fn weights_mut(&mut self) -> Vec<&mut WeightBuffer<S>> {
+        let mut weights = Vec::with_capacity(9);
+        weights.extend(self.feed_forward1.weights_mut());
+        weights.extend(self.self_attn.weights_mut());
+        weights.extend(self.conv.weights_mut());
+        weights.extend(self.feed_forward2.weights_mut());
+        weights
+    }
+
     pub(crate) fn load(
         engine: &CudaEngine,
         tensors: &TensorMap,

@@ -13,7 +13,7 @@ mod subsampling;
 pub(crate) mod weights;
 mod workspace;
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cudarc::driver::CudaSlice;
 use models::checkpoint::{Checkpoint, TensorMap};
@@ -25,7 +25,9 @@ use models::ModelError;
 use crate::device::CudaEngine;
 use crate::error::{CudaEngineError, DriverContext, Result};
 use crate::ops::HeadShape;
+use crate::shared_memory::SharedDeviceMemory;
 use crate::storage::{Storage, StorageKind};
+use crate::weight_arena::{adopt_arena, move_into_arena, Adoption, WeightBuffer};
 use half::bf16;
 use layer::ConformerLayer;
 pub use profile::StageTimes;
@@ -129,6 +131,33 @@ impl<S: Storage> GpuEncoder<S> {
             subsampling_scratch_bytes: DEFAULT_SUBSAMPLING_SCRATCH_BYTES,
             fused_attention: true,
         })
+    }
+
+    /// Every matmul weight, in the shared arena's order.
+    fn weights_mut(&mut self) -> Vec<&mut WeightBuffer<S>> {
+        let mut weights = self.subsampling.weights_mut();
+        for layer in &mut self.layers {
+            weights.extend(layer.weights_mut());
+        }
+        weights
+    }
+
+    /// Moves the matmul weights into a new shareable arena and returns it (the private copies
+    /// are freed).
+    pub(crate) fn move_weights_into_arena(
+        &mut self,
+        engine: &CudaEngine,
+    ) -> Result<Arc<SharedDeviceMemory>> {
+        move_into_arena(engine, &mut self.weights_mut())
+    }
+
+    /// Switches the matmul weights to `arena` if it holds exactly this encoder's weights.
+    pub(crate) fn adopt_weight_arena(
+        &mut self,
+        engine: &CudaEngine,
+        arena: &Arc<SharedDeviceMemory>,
+    ) -> Result<Adoption> {
+        adopt_arena(engine, &mut self.weights_mut(), arena)
     }
 
     /// Allows (default) or forbids the fused attention kernel where it applies (for side-by-side

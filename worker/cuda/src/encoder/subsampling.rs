@@ -16,6 +16,7 @@ use crate::device::CudaEngine;
 use crate::error::Result;
 use crate::ops::{stride2_out_len, Conv2dShape};
 use crate::storage::Storage;
+use crate::weight_arena::WeightBuffer;
 
 struct DepthwiseStage<S> {
     weight: CudaSlice<f32>,
@@ -148,6 +149,17 @@ impl<S: Storage> Subsampling<S> {
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(StageLengths { device, host })
+    }
+
+    /// The matmul weights (pointwise convolutions, output projection), in a fixed order.
+    pub(crate) fn weights_mut(&mut self) -> Vec<&mut WeightBuffer<S>> {
+        let mut weights: Vec<_> = self
+            .stages
+            .iter_mut()
+            .map(|stage| stage.pointwise.weight_mut())
+            .collect();
+        weights.push(self.out.weight_mut());
+        weights
     }
 
     /// Output frames for `time` padded feature frames.

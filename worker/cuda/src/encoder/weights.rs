@@ -12,6 +12,7 @@ use crate::fold::{fold_batch_norm, BatchNorm};
 use crate::matmul::MatmulSpec;
 use crate::ops::LayerNormWeights;
 use crate::storage::Storage;
+use crate::weight_arena::WeightBuffer;
 
 /// A Linear layer (or kernel-1 Conv1d) on the device: `y = x Wᵀ (+ b)`, weights in the storage
 /// type `S`. The bias is kept in both output types because cuBLASLt's bias epilogue takes the
@@ -19,7 +20,7 @@ use crate::storage::Storage;
 pub(crate) struct DeviceLinear<S> {
     pub(crate) in_dim: usize,
     pub(crate) out_dim: usize,
-    weight: CudaSlice<S>,
+    weight: WeightBuffer<S>,
     bias_storage: Option<CudaSlice<S>>,
     bias_f32: Option<CudaSlice<f32>>,
 }
@@ -36,7 +37,7 @@ impl<S: Storage> DeviceLinear<S> {
         Ok(Self {
             in_dim,
             out_dim,
-            weight: upload_storage(engine, weight)?,
+            weight: WeightBuffer::private(upload_storage(engine, weight)?),
             bias_storage: bias.map(|b| upload_storage(engine, b)).transpose()?,
             bias_f32: bias.map(|b| engine.upload(b)).transpose()?,
         })
@@ -65,6 +66,11 @@ impl<S: Storage> DeviceLinear<S> {
             &weight.data,
             bias.map(|b| b.data.as_slice()),
         )
+    }
+
+    /// The weight matrix's buffer (to move it into a shared arena).
+    pub(crate) fn weight_mut(&mut self) -> &mut WeightBuffer<S> {
+        &mut self.weight
     }
 
     /// Output in the storage type (the input of another matmul or an activation).

@@ -189,6 +189,12 @@ fn spawn_worker(shared: &Shared, slot: &Slot) -> std::io::Result<Child> {
         .arg(engine)
         .args(&cfg.worker_args)
         .envs(env)
+        .envs(
+            cfg.weights_share_dir
+                .iter()
+                .filter(|_| slot.task == Task::Transcribe)
+                .map(|dir| ("WORKER_CUDA_WEIGHTS_SHARE_DIR", dir)),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
