@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::sys::{cudaError_enum, CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::sys::{self, cudaError_enum, CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError,
     LaunchArgs, LaunchConfig, ValidAsZeroBits,
@@ -153,6 +153,31 @@ impl CudaEngine {
         self.stream
             .synchronize()
             .context(|| "synchronizing the engine stream".into())
+    }
+
+    /// Device memory in use by every process, in bytes (total minus free, as the driver sees it).
+    pub fn used_memory_bytes(&self) -> Result<usize> {
+        self.context()
+            .bind_to_thread()
+            .context(|| "binding the context to read memory use".into())?;
+        let (free, total) =
+            cudarc::driver::result::mem_get_info().context(|| "reading free memory".into())?;
+        Ok(total - free)
+    }
+
+    /// Returns the memory that freed buffers left in the stream-ordered allocator's pool to the
+    /// device (the pool keeps it for reuse otherwise), after the queued work completes.
+    pub fn release_pooled_memory(&self) -> Result<()> {
+        self.synchronize()?;
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: `pool` is writable; the ordinal is this context's device.
+        unsafe { sys::cuDeviceGetMemPool(&mut pool, self.context().cu_device()) }
+            .result()
+            .context(|| "reading the device's memory pool".into())?;
+        // SAFETY: `pool` is the device's current pool; trimming frees only unused memory.
+        unsafe { sys::cuMemPoolTrimTo(pool, 0) }
+            .result()
+            .context(|| "trimming the memory pool".into())
     }
 
     /// Copies a host slice into a new device buffer.

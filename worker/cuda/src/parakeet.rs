@@ -171,6 +171,8 @@ impl GpuParakeet {
         };
         let bytes = arena.bytes();
         self.weight_server = Some(share.serve(arena)?);
+        // The private copies went back to the allocator's pool: give them to the device.
+        self.engine.release_pooled_memory()?;
         Ok(if created {
             WeightSharing::Created { bytes }
         } else {

@@ -25,7 +25,7 @@ fn models_on_one_gpu_share_one_copy_of_the_weights() -> Result<()> {
     let path = fixtures().join("tdt-real-options/model.nemo");
     let clips: Vec<Vec<f32>> = CLIPS
         .iter()
-        .map(|c| read_wav(&fixtures().join("clips").join(c)))
+        .map(|c| read_wav(&fixtures().join("clips").join(format!("{c}.wav"))))
         .collect::<Result<_>>()?;
     let expected = transcribe(&GpuParakeet::load(&path, 0)?, &clips)?;
 
@@ -36,7 +36,18 @@ fn models_on_one_gpu_share_one_copy_of_the_weights() -> Result<()> {
         matches!(made, WeightSharing::Created { .. }),
         "first: {made:?}"
     );
+    let used_mib = |model: &GpuParakeet| -> Result<f64> {
+        Ok(model.engine().used_memory_bytes()? as f64 / (1u64 << 20) as f64)
+    };
+    eprintln!(
+        "device memory in use with one shared model: {:.0} MiB",
+        used_mib(&first)?
+    );
     let mut second = GpuParakeet::load(&path, 0)?;
+    eprintln!(
+        "... plus a second model, private: {:.0} MiB",
+        used_mib(&second)?
+    );
     let mapped = second.share_weights(&share)?;
     ensure!(
         made == WeightSharing::Created {
