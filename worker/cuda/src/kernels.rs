@@ -102,6 +102,7 @@ pub(crate) enum Kernel {
     DepthwiseConv1d,
     SubsampleConv0Relu,
     SubsampleDepthwise,
+    SubsampleConv0Depthwise,
     ReluInplace,
     LayerNormF32,
     AddLayerNormF32,
@@ -120,7 +121,7 @@ pub(crate) enum Kernel {
 }
 
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 25] = [
+    pub(crate) const ALL: [Kernel; 26] = [
         Kernel::F32ToBf16,
         Kernel::Bf16ToF32,
         Kernel::Silu,
@@ -131,6 +132,7 @@ impl Kernel {
         Kernel::DepthwiseConv1d,
         Kernel::SubsampleConv0Relu,
         Kernel::SubsampleDepthwise,
+        Kernel::SubsampleConv0Depthwise,
         Kernel::ReluInplace,
         Kernel::LayerNormF32,
         Kernel::AddLayerNormF32,
@@ -161,6 +163,7 @@ impl Kernel {
             Kernel::DepthwiseConv1d => "depthwise_conv1d_bf16",
             Kernel::SubsampleConv0Relu => "subsample_conv0_relu",
             Kernel::SubsampleDepthwise => "subsample_depthwise",
+            Kernel::SubsampleConv0Depthwise => "subsample_conv0_depthwise",
             Kernel::ReluInplace => "relu_bf16_inplace",
             Kernel::LayerNormF32 => "layer_norm_f32_bf16",
             Kernel::AddLayerNormF32 => "add_layer_norm_f32_bf16",
@@ -186,9 +189,10 @@ impl Kernel {
             Kernel::LayerNorm | Kernel::AddLayerNorm => KernelModule::LayerNorm,
             Kernel::MaskedSoftmax => KernelModule::Softmax,
             Kernel::DepthwiseConv1d => KernelModule::DepthwiseConv,
-            Kernel::SubsampleConv0Relu | Kernel::SubsampleDepthwise | Kernel::ReluInplace => {
-                KernelModule::Subsampling
-            }
+            Kernel::SubsampleConv0Relu
+            | Kernel::SubsampleDepthwise
+            | Kernel::SubsampleConv0Depthwise
+            | Kernel::ReluInplace => KernelModule::Subsampling,
             Kernel::LayerNormF32 | Kernel::AddLayerNormF32 | Kernel::AddLayerNormF32Inplace => {
                 KernelModule::ResidualNorm
             }

@@ -39,9 +39,9 @@ pub use fold::{fold_batch_norm, BatchNorm, FoldedDepthwise};
 pub use half::bf16;
 pub use matmul::{BLayout, MatmulInput, MatmulOutput, MatmulSpec, MatmulStrides};
 pub use ops::{
-    stride2_out_len, AttentionShape, Conv2dShape, DepthwiseShape, HeadShape, LayerNormWeights,
-    QkvHeads, Residual, ResidualF32, RowShape, ScoreRows, FUSED_ATTENTION_HEAD_DIM,
-    REL_POS_WARP_KEYS,
+    stride2_out_len, AttentionShape, Conv2dShape, Conv3x3, DepthwiseShape, HeadShape,
+    LayerNormWeights, QkvHeads, Residual, ResidualF32, RowShape, ScoreRows,
+    FUSED_ATTENTION_HEAD_DIM, REL_POS_WARP_KEYS,
 };
 pub use parakeet::{EncoderPrecision, FeatureLocation, GpuParakeet, PhaseTimes, WeightSharing};
 pub use probe::DeviceProbe;

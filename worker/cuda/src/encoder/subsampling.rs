@@ -1,6 +1,7 @@
 //! dw_striding subsampling on the GPU: `Conv2d(1→C, 3, s2) → ReLU`, then per further stage
 //! `depthwise Conv2d(C, 3, s2) → pointwise 1x1 (a Linear over channels-last positions) → ReLU`,
-//! then the `out` Linear into the fp32 residual stream.
+//! then the `out` Linear into the fp32 residual stream. conv0 and the first depthwise run as
+//! one kernel, so conv0's output (the largest activation) never reaches memory.
 //!
 //! Layout is channels-last `[batch, time, freq, channels]`, so NeMo's flatten of `[C, T', F']`
 //! into `c·F' + f` becomes `f·C + c`: the `out` weight's columns are permuted once at load.
@@ -14,7 +15,7 @@ use models::ModelError;
 use super::weights::{load_f32, DeviceLinear};
 use crate::device::CudaEngine;
 use crate::error::Result;
-use crate::ops::{stride2_out_len, Conv2dShape};
+use crate::ops::{stride2_out_len, Conv2dShape, Conv3x3};
 use crate::storage::Storage;
 use crate::weight_arena::WeightBuffer;
 
@@ -167,10 +168,22 @@ impl<S: Storage> Subsampling<S> {
         (0..self.n_stages()).fold(time, |t, _| stride2_out_len(t))
     }
 
-    /// Elements of each of the two scratch buffers `forward` needs: the first convolution's
-    /// output, the largest activation.
+    /// Elements of each of the two scratch buffers `forward` needs: the first stage's output
+    /// (its depthwise, then its pointwise convolution), the largest activation that reaches
+    /// memory, since conv0's output (4x larger) stays on chip in the fused kernel. Without a
+    /// depthwise stage (factor 2), conv0's output itself.
     pub(crate) fn scratch_elements(&self, batch: usize, time: usize) -> usize {
-        batch * stride2_out_len(time) * stride2_out_len(self.feat_in) * self.channels
+        let conv0 = Conv2dShape {
+            batch,
+            time,
+            freq: self.feat_in,
+            channels: self.channels,
+        };
+        if self.stages.is_empty() {
+            conv0.out_elements()
+        } else {
+            conv0.next().out_elements()
+        }
     }
 
     /// `features` is `[batch, time, feat_in]` f32 (time-major, zero-padded); writes `x`
@@ -186,37 +199,55 @@ impl<S: Storage> Subsampling<S> {
         x: &mut CudaSlice<f32>,
     ) -> Result<()> {
         let c = self.channels;
+        let conv0 = Conv3x3 {
+            weight: &self.conv0_weight,
+            bias: &self.conv0_bias,
+        };
         let mut shape = Conv2dShape {
             batch,
             time,
             freq: self.feat_in,
             channels: c,
         };
-        engine.subsample_conv0_relu(
-            features,
-            &lengths.device[0],
-            &self.conv0_weight,
-            &self.conv0_bias,
-            shape,
-            current,
-        )?;
-        for (s, stage) in self.stages.iter().enumerate() {
-            shape = Conv2dShape {
-                batch,
-                time: shape.out_time(),
-                freq: shape.out_freq(),
-                channels: c,
-            };
-            let n = shape.out_elements();
-            // current → scratch (depthwise) → current (pointwise, ReLU).
-            engine.subsample_depthwise(
-                current,
-                &lengths.device[s + 1],
-                &stage.weight,
-                &stage.bias,
+        if self.stages.is_empty() {
+            engine.subsample_conv0_relu(
+                features,
+                &lengths.device[0],
+                conv0.weight,
+                conv0.bias,
                 shape,
-                scratch,
+                current,
             )?;
+        }
+        for (s, stage) in self.stages.iter().enumerate() {
+            let depthwise = Conv3x3 {
+                weight: &stage.weight,
+                bias: &stage.bias,
+            };
+            // current → scratch (depthwise; stage 0 fused with conv0 from the features) →
+            // current (pointwise, ReLU).
+            if s == 0 {
+                engine.subsample_conv0_depthwise(
+                    features,
+                    [&lengths.device[0], &lengths.device[1]],
+                    [conv0, depthwise],
+                    shape,
+                    None,
+                    scratch,
+                )?;
+                shape = shape.next();
+            } else {
+                shape = shape.next();
+                engine.subsample_depthwise(
+                    current,
+                    &lengths.device[s + 1],
+                    depthwise.weight,
+                    depthwise.bias,
+                    shape,
+                    scratch,
+                )?;
+            }
+            let n = shape.out_elements();
             stage
                 .pointwise
                 .forward_storage(engine, scratch, n / c, current)?;

@@ -30,7 +30,8 @@ pub(crate) struct Workspace<S> {
     pub(crate) shape: HeadShape,
     /// Rows of the position table (`2·time-1`, or the local band).
     pub(crate) positions: usize,
-    /// Subsampling activations, each sized for the first convolution's output of one group.
+    /// Subsampling activations, each sized for the first stage's output of one group
+    /// (`Subsampling::scratch_elements`).
     pub(crate) subsampling_a: CudaSlice<S>,
     pub(crate) subsampling_b: CudaSlice<S>,
     /// One group's features and subsampled output when the batch is subsampled in groups

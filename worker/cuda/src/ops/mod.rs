@@ -14,7 +14,7 @@ pub use depthwise_conv::DepthwiseShape;
 pub use layer_norm::{LayerNormWeights, Residual, RowShape};
 pub use residual_norm::ResidualF32;
 pub use softmax::AttentionShape;
-pub use subsampling::{stride2_out_len, Conv2dShape};
+pub use subsampling::{stride2_out_len, Conv2dShape, Conv3x3};
 
 use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 
