@@ -74,17 +74,20 @@ if has memory; then
   for mode in shared private; do
     flag=(); [ "$mode" = private ] && flag=(--no-weight-sharing)
     base=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1)
-    "$BIN/hammer" --engine cuda --model "$MODEL" --worker-binary "$BIN/worker" --clips "$CLIPS" \
+    RUST_LOG=warn,worker=info "$BIN/hammer" --engine cuda --model "$MODEL" --worker-binary "$BIN/worker" --clips "$CLIPS" \
       --gpus 0 --instances-per-gpu 4 --concurrency 16 --duration-s "${MEM_S:-30}" --skip-golden \
       "${flag[@]}" --runtime-dir "/tmp/fleet-mem-$mode" > "$OUT/memory-$mode.log" 2>&1 &
     hp=$!
     : > "$OUT/memory-$mode.samples"
     while kill -0 $hp 2>/dev/null; do
       nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1 >> "$OUT/memory-$mode.samples"
+      [ "$(wc -l < "$OUT/memory-$mode.samples")" -eq $(( ${MEM_S:-30} )) ] && \
+        nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader > "$OUT/memory-$mode.apps"
       sleep 1
     done
     wait $hp
     grep -E '"summary"' "$OUT/memory-$mode.log" | cut -c1-300
+    grep -E 'shared encoder weights' "$OUT/memory-$mode.log" | sed 's/\x1b\[[0-9;]*m//g' | cut -c1-200 | tee -a "$OUT/memory.txt"
     # Steady state: the median of the last third of the samples (serving, after every load).
     python3 - "$OUT/memory-$mode.samples" "$base" "$mode" <<'PY' | tee -a "$OUT/memory.txt"
 import statistics, sys

@@ -24,26 +24,58 @@ const ALIGN_BYTES: usize = 256;
 /// Bytes compared per weight per step when adopting an arena (bounds the host copies).
 const COMPARE_CHUNK_BYTES: usize = 16 << 20;
 
-/// A matmul weight on the device: its own buffer, or a range of a shared arena.
+/// A matmul weight on the device: its own allocation, or a range of a shared arena.
 pub(crate) struct WeightBuffer<S> {
+    /// A view of memory this value does not free through cudarc (see [`Backing`]).
     slice: ManuallyDrop<CudaSlice<S>>,
-    /// Set when `slice` is a view into this arena, which owns the memory.
-    arena: Option<Arc<SharedDeviceMemory>>,
+    backing: Backing,
+}
+
+/// Who owns a weight's memory.
+enum Backing {
+    /// A `cuMemAlloc` allocation of this weight alone, outside the stream-ordered pool: the small
+    /// buffers allocated between the weights would pin the pool's chunks, so the memory of
+    /// weights moved into an arena would never go back to the device.
+    Own,
+    /// A range of this arena (held so that it lives as long as the view).
+    Arena { _arena: Arc<SharedDeviceMemory> },
+}
+
+impl<S: Storage> WeightBuffer<S> {
+    /// Copies `host` into a new allocation of its own.
+    pub(crate) fn upload(engine: &CudaEngine, host: &[S]) -> Result<Self> {
+        let bytes = std::mem::size_of_val(host).max(1);
+        engine
+            .context()
+            .bind_to_thread()
+            .context(|| "binding the context to allocate a weight".into())?;
+        // SAFETY: allocates `bytes` of device memory, owned by the returned value from here on.
+        let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes) }
+            .context(|| format!("allocating {bytes} bytes for a weight"))?;
+        // SAFETY: `ptr` holds `bytes` >= `host.len()` elements of S; the view is never freed by
+        // cudarc (Drop releases it as `Backing::Own`).
+        let mut slice =
+            ManuallyDrop::new(unsafe { engine.stream().upgrade_device_ptr::<S>(ptr, host.len()) });
+        let weight_bytes = std::mem::size_of_val(host);
+        let copied = engine
+            .stream()
+            .memcpy_htod(host, &mut *slice)
+            .context(|| format!("uploading {weight_bytes} weight bytes"));
+        let weight = Self {
+            slice,
+            backing: Backing::Own,
+        };
+        copied?;
+        Ok(weight)
+    }
 }
 
 impl<S> WeightBuffer<S> {
-    pub(crate) fn private(slice: CudaSlice<S>) -> Self {
-        Self {
-            slice: ManuallyDrop::new(slice),
-            arena: None,
-        }
-    }
-
     fn bytes(&self) -> usize {
         self.slice.len() * std::mem::size_of::<S>()
     }
 
-    /// Points this weight at `offset` bytes into `arena` (same length); the private buffer, if
+    /// Points this weight at `offset` bytes into `arena` (same length); its own allocation, if
     /// any, is freed.
     ///
     /// # Safety
@@ -55,16 +87,21 @@ impl<S> WeightBuffer<S> {
         offset: usize,
     ) {
         // SAFETY: the caller guarantees the range is inside the mapped arena, which `self`
-        // keeps alive (the `arena` field) for as long as the view exists; Drop leaks the view
-        // instead of freeing it, since the arena's memory is not a cuMemAlloc allocation.
+        // keeps alive (the backing) for as long as the view exists; the view is released, never
+        // freed, since the arena's memory is not a cuMemAlloc allocation.
         let view = unsafe {
             engine
                 .stream()
                 .upgrade_device_ptr::<S>(arena.device_ptr() + offset as u64, self.slice.len())
         };
         let old = std::mem::replace(&mut self.slice, ManuallyDrop::new(view));
-        let old_arena = self.arena.replace(arena.clone());
-        release(old, old_arena.is_some());
+        let old_backing = std::mem::replace(
+            &mut self.backing,
+            Backing::Arena {
+                _arena: arena.clone(),
+            },
+        );
+        release(old, old_backing);
     }
 }
 
@@ -80,17 +117,23 @@ impl<S> Drop for WeightBuffer<S> {
     fn drop(&mut self) {
         // SAFETY: `slice` is not used again after this.
         let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
-        release(ManuallyDrop::new(slice), self.arena.is_some());
+        let backing = std::mem::replace(&mut self.backing, Backing::Own);
+        release(ManuallyDrop::new(slice), backing);
     }
 }
 
-/// Frees a private buffer; forgets (without freeing) a view into an arena.
-fn release<S>(slice: ManuallyDrop<CudaSlice<S>>, is_view: bool) {
+/// Frees an own allocation once the work queued on it is done; forgets a view into an arena
+/// (the arena frees itself when its last user drops it).
+fn release<S>(slice: ManuallyDrop<CudaSlice<S>>, backing: Backing) {
     let slice = ManuallyDrop::into_inner(slice);
-    if is_view {
-        slice.leak();
-    } else {
-        drop(slice);
+    let stream = slice.stream().clone();
+    let ptr = slice.leak();
+    if let Backing::Own = backing {
+        // Errors here leave nothing to undo (a dead context has freed everything already).
+        let _ = stream.synchronize();
+        // SAFETY: `ptr` came from `malloc_sync` in `upload`, nothing else refers to it, and the
+        // stream that used it is drained.
+        let _ = unsafe { cudarc::driver::result::free_sync(ptr) };
     }
 }
 

@@ -167,7 +167,7 @@ fn run_fused<S: TestStorage>(
     let [w0, b0, w1, b1] = inputs.params.each_ref().map(|p| up(p));
     let l0 = engine.upload(lengths).expect("lengths");
     let l1 = engine.upload(&next_lengths(lengths)).expect("lengths");
-    let mut y = S::poisoned(engine, shape.next().next().out_elements().max(1));
+    let mut y = S::poisoned(engine, shape.next().out_elements().max(1));
     engine
         .subsample_conv0_depthwise(
             &x,

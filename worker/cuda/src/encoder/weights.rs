@@ -37,7 +37,7 @@ impl<S: Storage> DeviceLinear<S> {
         Ok(Self {
             in_dim,
             out_dim,
-            weight: WeightBuffer::private(upload_storage(engine, weight)?),
+            weight: WeightBuffer::upload(engine, &to_storage(weight))?,
             bias_storage: bias.map(|b| upload_storage(engine, b)).transpose()?,
             bias_f32: bias.map(|b| engine.upload(b)).transpose()?,
         })
@@ -178,13 +178,17 @@ impl DeviceDepthwise {
     }
 }
 
+/// `values` rounded to the storage type.
+fn to_storage<S: Storage>(values: &[f32]) -> Vec<S> {
+    values.iter().map(|v| S::from_f32(*v)).collect()
+}
+
 /// `values` rounded to the storage type and uploaded.
 pub(crate) fn upload_storage<S: Storage>(
     engine: &CudaEngine,
     values: &[f32],
 ) -> Result<CudaSlice<S>> {
-    let host: Vec<S> = values.iter().map(|v| S::from_f32(*v)).collect();
-    engine.upload(&host)
+    engine.upload(&to_storage(values))
 }
 
 pub(crate) fn load_f32(
