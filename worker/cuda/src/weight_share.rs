@@ -9,12 +9,15 @@
 
 use std::fs::File;
 use std::io::ErrorKind;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use nix::sys::socket::Shutdown;
 
 use sha2::{Digest, Sha256};
 
@@ -131,7 +134,15 @@ impl WeightShare {
     /// Maps the arena of the first holder that answers. Sockets nobody listens on any more
     /// (their worker exited) are removed. Call with [`Self::lock`] held.
     pub(crate) fn find(&self, engine: &CudaEngine) -> Result<Option<SharedDeviceMemory>> {
+        let own = format!("{}.{}.sock", self.key, std::process::id());
         for socket in self.holder_sockets()? {
+            // A process never maps its own arena a second time.
+            if socket
+                .file_name()
+                .is_some_and(|n| n.to_str() == Some(own.as_str()))
+            {
+                continue;
+            }
             let Some(stream) = connect_or_remove(&socket) else {
                 continue;
             };
@@ -156,6 +167,12 @@ impl WeightShare {
             context: format!("listening on {}", path.display()),
             source,
         })?;
+        let waker = listener
+            .try_clone()
+            .map_err(|source| CudaEngineError::Sharing {
+                context: "duplicating the weight-sharing socket".into(),
+                source,
+            })?;
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let stop = stop.clone();
@@ -179,6 +196,7 @@ impl WeightShare {
         };
         Ok(ShareServer {
             path,
+            waker,
             stop,
             thread: Some(thread),
         })
@@ -202,6 +220,8 @@ fn connect_or_remove(socket: &Path) -> Option<UnixStream> {
 /// A published arena: its socket and the thread that answers on it.
 pub struct ShareServer {
     path: PathBuf,
+    /// The listening socket again, to wake the accept loop even when the path is gone.
+    waker: UnixListener,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -215,10 +235,20 @@ impl ShareServer {
 impl Drop for ShareServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        let _ = UnixStream::connect(&self.path); // wakes the accept loop
+        // Wakes the accept loop: shutting the listening socket down makes a blocked accept
+        // fail; connecting also works while the path exists.
+        let _ = nix::sys::socket::shutdown(self.waker.as_raw_fd(), Shutdown::Both);
+        let _ = UnixStream::connect(&self.path);
         let _ = std::fs::remove_file(&self.path);
+        // Never hang a shutdown on it: a thread still blocked after a second is left behind.
         if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+            let deadline = Instant::now() + Duration::from_secs(1);
+            while !thread.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if thread.is_finished() {
+                let _ = thread.join();
+            }
         }
     }
 }
