@@ -19,6 +19,35 @@ __device__ __forceinline__ void store_unit(bf16_t* out, const Pack& result, bool
     }
 }
 
+// conv0 + ReLU of one channel unit at conv0 output (r1, col1), rounded to storage: the pack
+// `subsample_conv0_relu` stores and the fused kernel reuses (bias first, taps in order,
+// `acc += w * v` contracted to FMA, ReLU, rounding), one definition for both. `valid` is the
+// conv0 input's valid length, already clamped to [0, time].
+__device__ __forceinline__ Pack conv0_relu_unit(const float* xb, int valid, int freq,
+                                                const float (&w)[9][kPack],
+                                                const float (&b0)[kPack], int r1, int col1) {
+    float acc[kPack];
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) acc[j] = b0[j];
+#pragma unroll
+    for (int ki = 0; ki < 3; ++ki) {
+        const int r = 2 * r1 + ki - 1;
+        if (r < 0 || r >= valid) continue;
+#pragma unroll
+        for (int kj = 0; kj < 3; ++kj) {
+            const int col = 2 * col1 + kj - 1;
+            if (col < 0 || col >= freq) continue;
+            const float v = xb[(long long)r * freq + col];
+#pragma unroll
+            for (int j = 0; j < kPack; ++j) acc[j] += w[ki * 3 + kj][j] * v;
+        }
+    }
+    Pack result;
+#pragma unroll
+    for (int j = 0; j < kPack; ++j) result.v[j] = f32_to_bf16(fmaxf(acc[j], 0.0f));
+    return result;
+}
+
 // Launch shape of both convolutions: blockIdx.x = b * out_time + t (one output frame);
 // (blockIdx.y * blockDim.x + threadIdx.x) * kPack = c0, the first of the thread's kPack
 // consecutive channels (one 16-byte pack of the output when channels is a multiple of kPack and
@@ -52,28 +81,9 @@ extern "C" __global__ void subsample_conv0_relu(const float* x, const int* lengt
     }
     const float* xb = x + (long long)b * time * freq;
     bf16_t* yf = y + (long long)frame * out_freq * channels + c0;
-    for (int f = threadIdx.y; f < out_freq; f += blockDim.y) {
-        float acc[kPack];
-#pragma unroll
-        for (int j = 0; j < kPack; ++j) acc[j] = b0[j];
-#pragma unroll
-        for (int ki = 0; ki < 3; ++ki) {
-            const int r = 2 * t + ki - 1;
-            if (r < 0 || r >= valid) continue;
-#pragma unroll
-            for (int kj = 0; kj < 3; ++kj) {
-                const int col = 2 * f + kj - 1;
-                if (col < 0 || col >= freq) continue;
-                const float v = xb[(long long)r * freq + col];
-#pragma unroll
-                for (int j = 0; j < kPack; ++j) acc[j] += w[ki * 3 + kj][j] * v;
-            }
-        }
-        Pack result;
-#pragma unroll
-        for (int j = 0; j < kPack; ++j) result.v[j] = f32_to_bf16(fmaxf(acc[j], 0.0f));
-        store_unit(yf + (long long)f * channels, result, packed, count);
-    }
+    for (int f = threadIdx.y; f < out_freq; f += blockDim.y)
+        store_unit(yf + (long long)f * channels, conv0_relu_unit(xb, valid, freq, w, b0, t, f),
+                   packed, count);
 }
 
 // Depthwise convolution of every channel: x [batch, time, freq, channels] bf16 -> y
@@ -149,35 +159,6 @@ extern "C" __global__ void subsample_depthwise(const bf16_t* x, const int* lengt
         for (int j = 0; j < kPack; ++j) result.v[j] = f32_to_bf16(acc[j]);
         store_unit(yf + (long long)f * channels, result, packed, count);
     }
-}
-
-// conv0 + ReLU of one channel unit at conv0 output (r1, col1), rounded to storage: exactly the
-// pack `subsample_conv0_relu` stores (same bias-first start, tap order, `acc += w * v`
-// contracted to FMA, ReLU, rounding). `valid` is the conv0 input's valid length, already
-// clamped to [0, time].
-__device__ __forceinline__ Pack conv0_relu_unit(const float* xb, int valid, int freq,
-                                                const float (&w)[9][kPack],
-                                                const float (&b0)[kPack], int r1, int col1) {
-    float acc[kPack];
-#pragma unroll
-    for (int j = 0; j < kPack; ++j) acc[j] = b0[j];
-#pragma unroll
-    for (int ki = 0; ki < 3; ++ki) {
-        const int r = 2 * r1 + ki - 1;
-        if (r < 0 || r >= valid) continue;
-#pragma unroll
-        for (int kj = 0; kj < 3; ++kj) {
-            const int col = 2 * col1 + kj - 1;
-            if (col < 0 || col >= freq) continue;
-            const float v = xb[(long long)r * freq + col];
-#pragma unroll
-            for (int j = 0; j < kPack; ++j) acc[j] += w[ki * 3 + kj][j] * v;
-        }
-    }
-    Pack result;
-#pragma unroll
-    for (int j = 0; j < kPack; ++j) result.v[j] = f32_to_bf16(fmaxf(acc[j], 0.0f));
-    return result;
 }
 
 // One depthwise tap over a unit, in `subsample_depthwise`'s expression form (float4 weights
