@@ -171,7 +171,8 @@ impl GpuParakeet {
         };
         let bytes = arena.bytes();
         self.weight_server = Some(share.serve(arena)?);
-        // The private copies went back to the allocator's pool: give them to the device.
+        // What loading left free in the stream-ordered pool goes back to the device as well
+        // (the private weight copies, in allocations of their own, already have).
         self.engine.release_pooled_memory()?;
         Ok(if created {
             WeightSharing::Created { bytes }
