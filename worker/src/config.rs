@@ -260,4 +260,15 @@ mod tests {
         assert!(serve(&["--cuda-diar-precision", "fp16"]).is_err());
         Ok(())
     }
+
+    #[test]
+    fn weights_are_private_unless_a_share_directory_is_given() -> Result<(), clap::Error> {
+        assert_eq!(serve(&[])?.engine_settings().cuda.weights_share_dir, None);
+        let shared = serve(&["--cuda-weights-share-dir", "/run/f/weights"])?;
+        assert_eq!(
+            shared.engine_settings().cuda.weights_share_dir,
+            Some(PathBuf::from("/run/f/weights"))
+        );
+        Ok(())
+    }
 }

@@ -200,6 +200,28 @@ mod tests {
     }
 
     #[test]
+    fn workers_share_weights_under_the_runtime_dir_unless_told_not_to() {
+        let base = [
+            "--gpus",
+            "0",
+            "--runtime-dir",
+            "/run/f",
+            "--worker-binary",
+            "/w",
+        ];
+        let share_dir = |extra: &[&str]| {
+            let args: Vec<&str> = base.iter().chain(extra).copied().collect();
+            let options = parse(&args).unwrap();
+            options
+                .to_config("cuda", Path::new("/m.nemo"))
+                .unwrap()
+                .weights_share_dir
+        };
+        assert_eq!(share_dir(&[]), Some(PathBuf::from("/run/f/weights")));
+        assert_eq!(share_dir(&["--no-weight-sharing"]), None);
+    }
+
+    #[test]
     fn gpus_become_one_mps_group_each() {
         let opts = parse(&[
             "--gpus",
