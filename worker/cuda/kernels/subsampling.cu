@@ -19,6 +19,22 @@ __device__ __forceinline__ void store_unit(bf16_t* out, const Pack& result, bool
     }
 }
 
+// Stages the depthwise weights [channels, 9] of the block's channels in shared memory as
+// [9][block_channels] (a thread's kPack weights of one tap contiguous, read as float4); the
+// block's weight rows are one contiguous range, so the reads coalesce. Ends with a barrier.
+__device__ __forceinline__ void stage_tap_weights(float* block_weight, const float* weight,
+                                                  int first_channel, int block_channels,
+                                                  int channels) {
+    const int threads = blockDim.x * blockDim.y;
+    for (int j = threadIdx.y * blockDim.x + threadIdx.x; j < block_channels * 9; j += threads) {
+        const int local = j / 9;
+        const int tap = j - local * 9;
+        block_weight[tap * block_channels + local] =
+            first_channel + local < channels ? weight[first_channel * 9 + j] : 0.0f;
+    }
+    __syncthreads();
+}
+
 // conv0 + ReLU of one channel unit at conv0 output (r1, col1), rounded to storage: the pack
 // `subsample_conv0_relu` stores and the fused kernel reuses (bias first, taps in order,
 // `acc += w * v` contracted to FMA, ReLU, rounding), one definition for both. `valid` is the
@@ -97,15 +113,7 @@ extern "C" __global__ void subsample_depthwise(const bf16_t* x, const int* lengt
     extern __shared__ __align__(16) float block_weight[];
     const int block_channels = blockDim.x * kPack;
     const int first_channel = blockIdx.y * block_channels;
-    const int threads = blockDim.x * blockDim.y;
-    // weight rows of this block's channels are one contiguous range: coalesced reads.
-    for (int j = threadIdx.y * blockDim.x + threadIdx.x; j < block_channels * 9; j += threads) {
-        const int local = j / 9;
-        const int tap = j - local * 9;
-        block_weight[tap * block_channels + local] =
-            first_channel + local < channels ? weight[first_channel * 9 + j] : 0.0f;
-    }
-    __syncthreads();
+    stage_tap_weights(block_weight, weight, first_channel, block_channels, channels);
 
     const int frame = blockIdx.x;
     const int local = threadIdx.x * kPack;
@@ -199,14 +207,7 @@ extern "C" __global__ void subsample_conv0_depthwise(
     extern __shared__ __align__(16) float block_weight[];
     const int block_channels = blockDim.x * kPack;
     const int first_channel = blockIdx.y * block_channels;
-    const int threads = blockDim.x * blockDim.y;
-    for (int j = threadIdx.y * blockDim.x + threadIdx.x; j < block_channels * 9; j += threads) {
-        const int local = j / 9;
-        const int tap = j - local * 9;
-        block_weight[tap * block_channels + local] =
-            first_channel + local < channels ? dw_weight[first_channel * 9 + j] : 0.0f;
-    }
-    __syncthreads();
+    stage_tap_weights(block_weight, dw_weight, first_channel, block_channels, channels);
 
     const int runs = (out_freq + cols_per_thread - 1) / cols_per_thread;
     const long long item = (long long)blockIdx.x * blockDim.y + threadIdx.y;
