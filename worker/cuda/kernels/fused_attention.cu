@@ -9,11 +9,12 @@
 // lengths[b] get zeros; keys j >= lengths[b] are masked.
 //
 // A block covers BQ = 64 queries of one (head, batch) with 4 warps of 16 rows. Per key tile of
-// BK = 64: K, V and the 127 table rows the tile's (i, j) pairs reach are staged; each warp
-// computes its 16 x 64 scores (q+u)K^T and its 16 x 80 band of (q+v)P^T with mma.sync
-// m16n8k16, shifts the band per row through shared memory, and folds the tile into its running
-// max, sum and output. Every row's arithmetic depends only on its own utterance (key tiles start
-// at 0 whatever the padding), so results do not depend on the batch.
+// BK = 64: K, V and the 127 table rows the tile's (i, j) pairs reach are staged by cp.async (all
+// of a thread's copies in flight at once); each warp computes its 16 x 64 scores (q+u)K^T and
+// its 16 x 80 band of (q+v)P^T with mma.sync m16n8k16, shifts the band per row through shared
+// memory, and folds the tile into its running max, sum and output. Every row's arithmetic depends
+// only on its own utterance (key tiles start at 0 whatever the padding), so results do not
+// depend on the batch.
 //
 // The bf16 encoder uses it for head_dim 128 on sm_80+ (tests/fused_attention.rs checks it against
 // an f64 reference and for batch invariance). Before sm_80 (no bf16 mma) the kernel traps; its
@@ -35,7 +36,8 @@
 #endif
 
 // Dynamic shared memory: K, V [BK][SD], table rows [PROWS][SD] (bf16), then per warp the band
-// [16][BAND] (f32).
+// [16][BAND] (f32). Two blocks fit on an SM; double-buffering the key tiles (one block per SM)
+// measured slower.
 #define FA_SHARED_BYTES \
     ((2 * FA_BK + FA_PROWS) * FA_SD * 2 + FA_WARPS * 16 * FA_BAND * 4)
 
@@ -74,19 +76,51 @@ __device__ __forceinline__ void load_v_fragments(unsigned (&b)[4], const bf16_t*
                  : "memory");
 }
 
-// Copies `rows` rows of HD bf16 (global rows first_row + r of a [*, row_stride] matrix, valid
-// for 0 <= first_row + r < limit, zeros otherwise) to dst [rows][SD], 16 bytes per access.
+// Starts an asynchronous 16-byte copy global -> shared (cp.async, no registers in between);
+// with `valid` false nothing is read and dst gets zeros.
+__device__ __forceinline__ void copy16_async(bf16_t* dst, const bf16_t* src, bool valid) {
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(addr), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+// Closes the copies started so far into one group.
+__device__ __forceinline__ void commit_copies() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// Waits until at most `pending` of this thread's groups are still in flight.
+template <int pending>
+__device__ __forceinline__ void wait_copies() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(pending) : "memory");
+}
+
+// Starts copying `rows` rows of HD bf16 (global rows first_row + r of a [*, row_stride] matrix,
+// valid for 0 <= first_row + r < limit, zeros otherwise; limit >= 1) to dst [rows][SD]. All of a
+// thread's copies are in flight at once: one memory round trip per stage, not one per row.
 __device__ __forceinline__ void stage_rows_bf16(bf16_t* dst, const bf16_t* src,
                                                 long long row_stride, int first_row, int limit,
                                                 int rows) {
     constexpr int packs = FA_HD / 8;
     for (int i = threadIdx.x; i < rows * packs; i += blockDim.x) {
         const int r = i / packs, p = i % packs, row = first_row + r;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (row >= 0 && row < limit)
-            v = *reinterpret_cast<const uint4*>(src + (long long)row * row_stride + p * 8);
-        *reinterpret_cast<uint4*>(dst + r * FA_SD + p * 8) = v;
+        const bool valid = row >= 0 && row < limit;
+        copy16_async(dst + r * FA_SD + p * 8, src + (valid ? row : 0) * row_stride + p * 8,
+                     valid);
     }
+}
+
+// Starts staging key tile j0: K and V rows j0 .., and the table rows
+// from time - BQ - i0 + j0 (row x of the stage is relative position
+// time - 1 - (time - BQ - i0 + j0 + x)).
+__device__ __forceinline__ void stage_key_tile(bf16_t* stage, const bf16_t* k, const bf16_t* v,
+                                               const bf16_t* pos_head, int pos_row, int i0,
+                                               int j0, int valid, int time) {
+    stage_rows_bf16(stage, k, FA_HD, j0, valid, FA_BK);
+    stage_rows_bf16(stage + FA_BK * FA_SD, v, FA_HD, j0, valid, FA_BK);
+    stage_rows_bf16(stage + 2 * FA_BK * FA_SD, pos_head, pos_row, time - FA_BQ - i0 + j0,
+                    2 * time - 1, FA_PROWS);
 }
 
 // A fragments (16 rows x HD) of rows row0.. of q [time, HD]; rows >= time are zeros.
@@ -126,11 +160,10 @@ extern "C" __global__ __launch_bounds__(FA_WARPS * 32) void rel_pos_attention(
 #else
     extern __shared__ float4 fa_shared4[];
     bf16_t* ks = reinterpret_cast<bf16_t*>(fa_shared4);
-    bf16_t* vs = ks + FA_BK * FA_SD;
-    bf16_t* ps = vs + FA_BK * FA_SD;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, c = (lane & 3) * 2;
-    float* band = reinterpret_cast<float*>(ps + FA_PROWS * FA_SD) + warp * 16 * FA_BAND;
+    float* band =
+        reinterpret_cast<float*>(ks + (2 * FA_BK + FA_PROWS) * FA_SD) + warp * 16 * FA_BAND;
 
     const int hb = blockIdx.y, h = hb / batch, b = hb % batch;
     const int i0 = blockIdx.x * FA_BQ, iw = i0 + warp * 16;
@@ -148,17 +181,19 @@ extern "C" __global__ __launch_bounds__(FA_WARPS * 32) void rel_pos_attention(
     // Running max and sum of rows g and g + 8 (the quad's four lanes hold the same values).
     float m_lo = -F32_INFINITY, m_hi = -F32_INFINITY, l_lo = 0.0f, l_hi = 0.0f;
 
-    // The block's queries past the utterance need no keys; the loop still runs its barriers.
+    // The block's queries past the utterance need no keys.
     const int key_end = i0 < valid ? valid : 0;
+    const bf16_t* k_head = k + head_off;
+    const bf16_t* v_head = v + head_off;
+    const bf16_t* pos_head = pos + (long long)h * FA_HD;
     for (int j0 = 0; j0 < key_end; j0 += FA_BK) {
         __syncthreads();  // the previous tile is no longer read
-        stage_rows_bf16(ks, k + head_off, FA_HD, j0, valid, FA_BK);
-        stage_rows_bf16(vs, v + head_off, FA_HD, j0, valid, FA_BK);
-        // Table rows from time - BQ - i0 + j0: row x of the stage is relative position
-        // time - 1 - (time - BQ - i0 + j0 + x).
-        stage_rows_bf16(ps, pos + (long long)h * FA_HD, pos_row, time - FA_BQ - i0 + j0,
-                        2 * time - 1, FA_PROWS);
+        stage_key_tile(ks, k_head, v_head, pos_head, pos_row, i0, j0, valid, time);
+        commit_copies();
+        wait_copies<0>();
         __syncthreads();
+        const bf16_t* vs = ks + FA_BK * FA_SD;
+        const bf16_t* ps = vs + FA_BK * FA_SD;
 
         // (q+v)P^T over the warp's band: stage rows 48 - 16 * warp + x, x < BAND; row r,
         // key jj of the tile reads band column jj - r + 15.
