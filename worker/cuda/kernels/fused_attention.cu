@@ -10,11 +10,12 @@
 //
 // A block covers BQ = 64 queries of one (head, batch) with 4 warps of 16 rows. Per key tile of
 // BK = 64: K, V and the 127 table rows the tile's (i, j) pairs reach are staged by cp.async (all
-// of a thread's copies in flight at once); each warp computes its 16 x 64 scores (q+u)K^T and
-// its 16 x 80 band of (q+v)P^T with mma.sync m16n8k16, shifts the band per row through shared
-// memory, and folds the tile into its running max, sum and output. Every row's arithmetic depends
-// only on its own utterance (key tiles start at 0 whatever the padding), so results do not
-// depend on the batch.
+// of a thread's copies in flight at once; the next tile's K and table load during this tile's
+// P V, its V during its scores); each warp computes its 16 x 64 scores (q+u)K^T and its 16 x 80
+// band of (q+v)P^T with mma.sync m16n8k16, shifts the band per row through shared memory, and
+// folds the tile into its running max, sum and output. Every row's arithmetic depends only on
+// its own utterance (key tiles start at 0 whatever the padding), so results do not depend on the
+// batch.
 //
 // The bf16 encoder uses it for head_dim 128 on sm_80+ (tests/fused_attention.rs checks it against
 // an f64 reference and for batch invariance). Before sm_80 (no bf16 mma) the kernel traps; its
@@ -32,7 +33,7 @@
 #define FA_NT_S (FA_BK / 8)    // n-tiles of a warp's scores
 #define FA_NT_O (FA_HD / 8)    // n-tiles of a warp's output
 #ifndef FA_LDMATRIX
-#define FA_LDMATRIX 1  // V fragments by ldmatrix.trans (0: element by element, the plain path)
+#define FA_LDMATRIX 1  // fragments by ldmatrix (0: element by element, the plain path)
 #endif
 
 // Dynamic shared memory: K, V [BK][SD], table rows [PROWS][SD] (bf16), then per warp the band
@@ -111,16 +112,14 @@ __device__ __forceinline__ void stage_rows_bf16(bf16_t* dst, const bf16_t* src,
     }
 }
 
-// Starts staging key tile j0: K and V rows j0 .., and the table rows
-// from time - BQ - i0 + j0 (row x of the stage is relative position
-// time - 1 - (time - BQ - i0 + j0 + x)).
-__device__ __forceinline__ void stage_key_tile(bf16_t* stage, const bf16_t* k, const bf16_t* v,
-                                               const bf16_t* pos_head, int pos_row, int i0,
-                                               int j0, int valid, int time) {
-    stage_rows_bf16(stage, k, FA_HD, j0, valid, FA_BK);
-    stage_rows_bf16(stage + FA_BK * FA_SD, v, FA_HD, j0, valid, FA_BK);
-    stage_rows_bf16(stage + 2 * FA_BK * FA_SD, pos_head, pos_row, time - FA_BQ - i0 + j0,
-                    2 * time - 1, FA_PROWS);
+// Starts staging K rows j0 .. of key tile j0 and the table rows its (i, j) pairs reach: from
+// time - BQ - i0 + j0 (row x of the stage is relative position time - 1 - (time - BQ - i0 + j0 +
+// x)).
+__device__ __forceinline__ void stage_scores_operands(bf16_t* ks, bf16_t* ps, const bf16_t* k,
+                                                      const bf16_t* pos_head, int pos_row,
+                                                      int i0, int j0, int valid, int time) {
+    stage_rows_bf16(ks, k, FA_HD, j0, valid, FA_BK);
+    stage_rows_bf16(ps, pos_head, pos_row, time - FA_BQ - i0 + j0, 2 * time - 1, FA_PROWS);
 }
 
 // A fragments (16 rows x HD) of rows row0.. of q [time, HD]; rows >= time are zeros.
@@ -142,11 +141,30 @@ __device__ __forceinline__ void load_q(unsigned (&frag)[FA_KSTEPS][4], const bf1
 __device__ __forceinline__ void scores_tile(float (&acc)[4],
                                             const unsigned (&q)[FA_KSTEPS][4],
                                             const bf16_t* rows) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, c = (lane & 3) * 2;
+    const int lane = threadIdx.x & 31;
+#if FA_LDMATRIX
+    // Per pair of k-steps one ldmatrix.x4: matrix m holds the 8 rows' dims 8m .. 8m + 7 of the
+    // pair, lane l addresses row l & 7 of matrix l >> 3 (row stride 272 bytes: no bank
+    // conflicts), and hands out exactly the B fragments of the two mma.
+    const bf16_t* row = rows + (lane & 7) * FA_SD + 8 * (lane >> 3);
+#pragma unroll
+    for (int kk = 0; kk < FA_KSTEPS; kk += 2) {
+        unsigned b[4];
+        const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(row + kk * 16));
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                     : "r"(addr)
+                     : "memory");
+        mma_bf16(acc, q[kk], b[0], b[1]);
+        mma_bf16(acc, q[kk + 1], b[2], b[3]);
+    }
+#else
+    const int g = lane >> 2, c = (lane & 3) * 2;
     const bf16_t* row = rows + g * FA_SD + c;
 #pragma unroll
     for (int kk = 0; kk < FA_KSTEPS; ++kk)
         mma_bf16(acc, q[kk], load_pair(row + kk * 16), load_pair(row + kk * 16 + 8));
+#endif
 }
 
 #endif  // __CUDA_ARCH__ >= 800
@@ -186,14 +204,20 @@ extern "C" __global__ __launch_bounds__(FA_WARPS * 32) void rel_pos_attention(
     const bf16_t* k_head = k + head_off;
     const bf16_t* v_head = v + head_off;
     const bf16_t* pos_head = pos + (long long)h * FA_HD;
-    for (int j0 = 0; j0 < key_end; j0 += FA_BK) {
-        __syncthreads();  // the previous tile is no longer read
-        stage_key_tile(ks, k_head, v_head, pos_head, pos_row, i0, j0, valid, time);
+    bf16_t* vs = ks + FA_BK * FA_SD;
+    bf16_t* ps = vs + FA_BK * FA_SD;
+    // Copy groups in flight, oldest first: K and table of tile t, V of tile t. K and table of
+    // tile t + 1 load while tile t's P V runs, V of tile t + 1 while its scores run.
+    if (key_end > 0) {
+        stage_scores_operands(ks, ps, k_head, pos_head, pos_row, i0, 0, valid, time);
         commit_copies();
-        wait_copies<0>();
+        stage_rows_bf16(vs, v_head, FA_HD, 0, valid, FA_BK);
+        commit_copies();
+    }
+    for (int j0 = 0; j0 < key_end; j0 += FA_BK) {
+        const bool next = j0 + FA_BK < key_end;
+        wait_copies<1>();  // K and table of this tile have landed (V may still be in flight)
         __syncthreads();
-        const bf16_t* vs = ks + FA_BK * FA_SD;
-        const bf16_t* ps = vs + FA_BK * FA_SD;
 
         // (q+v)P^T over the warp's band: stage rows 48 - 16 * warp + x, x < BAND; row r,
         // key jj of the tile reads band column jj - r + 15.
@@ -224,7 +248,11 @@ extern "C" __global__ __launch_bounds__(FA_WARPS * 32) void rel_pos_attention(
             tile_lo = fmaxf(tile_lo, fmaxf(s[n][0], s[n][1]));
             tile_hi = fmaxf(tile_hi, fmaxf(s[n][2], s[n][3]));
         }
-        __syncwarp();  // the band is read before the next tile overwrites it
+        // K, the table and the band are no longer read: the next tile's copies may start.
+        __syncthreads();
+        if (next)
+            stage_scores_operands(ks, ps, k_head, pos_head, pos_row, i0, j0 + FA_BK, valid, time);
+        commit_copies();
 #pragma unroll
         for (int offset = 1; offset <= 2; offset <<= 1) {
             tile_lo = fmaxf(tile_lo, __shfl_xor_sync(0xffffffffu, tile_lo, offset));
@@ -254,6 +282,8 @@ extern "C" __global__ __launch_bounds__(FA_WARPS * 32) void rel_pos_attention(
             o[n][2] *= keep_hi;
             o[n][3] *= keep_hi;
         }
+        wait_copies<1>();  // V of this tile has landed
+        __syncthreads();
         // O += P V: P's fragments are the score tiles 2t, 2t + 1 (keys 16t ..), rounded to bf16.
 #pragma unroll
         for (int t = 0; t < FA_BK / 16; ++t) {
@@ -281,6 +311,9 @@ extern "C" __global__ __launch_bounds__(FA_WARPS * 32) void rel_pos_attention(
             }
 #endif
         }
+        __syncthreads();  // V is no longer read
+        if (next) stage_rows_bf16(vs, v_head, FA_HD, j0 + FA_BK, valid, FA_BK);
+        commit_copies();
     }
 
 #pragma unroll
