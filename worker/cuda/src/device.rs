@@ -390,15 +390,11 @@ fn no_device_or(source: DriverError, ordinal: usize) -> CudaEngineError {
 /// when loading) and resolves its kernel symbols once. Indexed by `Kernel as usize`.
 fn load_kernels(
     ctx: &Arc<CudaContext>,
-    (major, minor): (i32, i32),
+    compute_capability: (i32, i32),
     storage: StorageKind,
 ) -> Result<Vec<Option<CudaFunction>>> {
     let mut modules = Vec::with_capacity(KernelModule::ALL.len());
-    for module in KernelModule::ALL {
-        if storage == StorageKind::F32 && !module.has_storage_variant() {
-            continue;
-        }
-        let ptx = compile_module(module, storage, (major, minor))?;
+    for (module, ptx) in compile_modules(storage, compute_capability)? {
         let loaded = ctx
             .load_module(ptx)
             .context(|| format!("loading kernel module {}", module.name()))?;
@@ -418,6 +414,40 @@ fn load_kernels(
                 .map(Some)
                 .context(|| format!("resolving kernel {}", kernel.name()))
         })
+        .collect()
+}
+
+/// The modules built for `storage`, compiled at once on a thread each, in `KernelModule::ALL`
+/// order. NVRTC compiles independent programs concurrently; the decoder module alone is about
+/// 40 % of the sequential time, which bounds this one (part of every worker's start).
+fn compile_modules(
+    storage: StorageKind,
+    compute_capability: (i32, i32),
+) -> Result<Vec<(KernelModule, cudarc::nvrtc::Ptx)>> {
+    let modules = modules_for(storage);
+    std::thread::scope(|scope| {
+        let compiling: Vec<_> = modules
+            .iter()
+            .map(|&module| scope.spawn(move || compile_module(module, storage, compute_capability)))
+            .collect();
+        modules
+            .iter()
+            .zip(compiling)
+            .map(|(&module, thread)| {
+                let ptx = thread
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+                Ok((module, ptx))
+            })
+            .collect()
+    })
+}
+
+/// The modules built for `storage`: all for bf16, those with a storage variant for f32.
+fn modules_for(storage: StorageKind) -> Vec<KernelModule> {
+    KernelModule::ALL
+        .into_iter()
+        .filter(|module| storage == StorageKind::Bf16 || module.has_storage_variant())
         .collect()
 }
 
@@ -468,7 +498,8 @@ mod tests {
 
     /// NVRTC needs no GPU: where its library is found (e.g. `LD_LIBRARY_PATH` naming a CUDA
     /// toolkit or the `nvidia-cuda-nvrtc` wheel), every module must compile for both storage
-    /// types, so a kernel typo fails here and not first on the GPU machine.
+    /// types, so a kernel typo fails here and not first on the GPU machine. The concurrent build
+    /// the engine uses must give every module the same PTX as a build of it alone.
     #[test]
     fn every_module_compiles_for_both_storages_where_nvrtc_is_present() {
         // SAFETY: only dlopens libnvrtc by its usual names and closes it again.
@@ -480,14 +511,24 @@ mod tests {
             eprintln!("SKIPPED: libnvrtc not found on the loader path (REQUIRE_NVRTC=1 fails)");
             return;
         }
-        for module in KernelModule::ALL {
-            for storage in [StorageKind::Bf16, StorageKind::F32] {
-                if storage == StorageKind::F32 && !module.has_storage_variant() {
-                    continue;
-                }
-                if let Err(error) = compile_module(module, storage, (9, 0)) {
-                    panic!("{} for {storage:?} storage: {error}", module.name());
-                }
+        for storage in [StorageKind::Bf16, StorageKind::F32] {
+            let compiled = compile_modules(storage, (9, 0))
+                .unwrap_or_else(|error| panic!("{storage:?} storage: {error}"));
+            let modules: Vec<KernelModule> = compiled.iter().map(|(module, _)| *module).collect();
+            assert_eq!(
+                modules,
+                modules_for(storage),
+                "{storage:?} storage: modules"
+            );
+            // The concurrent build gives each module exactly the PTX of a build on its own.
+            for (module, ptx) in &compiled {
+                let alone = compile_module(*module, storage, (9, 0))
+                    .unwrap_or_else(|error| panic!("{} ({storage:?}): {error}", module.name()));
+                assert!(
+                    ptx.to_src() == alone.to_src(),
+                    "{} ({storage:?}): concurrent and single builds differ",
+                    module.name()
+                );
             }
         }
     }
