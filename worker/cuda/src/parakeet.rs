@@ -98,11 +98,19 @@ impl GpuParakeet {
         Self::load_with(path, ordinal, EncoderPrecision::default())
     }
 
-    /// Loads a `.nemo` onto GPU `ordinal` with the encoder in `precision`.
+    /// Loads a `.nemo` onto GPU `ordinal` with the encoder in `precision`. The checkpoint is
+    /// read on a second thread while the engine starts (NVRTC compiling the kernels): both are
+    /// host work of a worker's start. A missing GPU is reported before a bad checkpoint.
     pub fn load_with(path: &Path, ordinal: usize, precision: EncoderPrecision) -> Result<Self> {
-        let engine = CudaEngine::new(ordinal)?;
-        let ckpt = Checkpoint::load(path)?;
-        Self::from_checkpoint(engine, &ckpt, precision)
+        let (engine, ckpt) = std::thread::scope(|scope| {
+            let reading = scope.spawn(|| Checkpoint::load(path));
+            let engine = CudaEngine::new(ordinal);
+            let ckpt = reading
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (engine, ckpt)
+        });
+        Self::from_checkpoint(engine?, &ckpt?, precision)
     }
 
     pub fn from_checkpoint(
