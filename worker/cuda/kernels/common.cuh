@@ -45,6 +45,35 @@ __device__ __forceinline__ bool aligned16(const void* p) {
     return ((unsigned long long)p & 15ull) == 0;
 }
 
+// Starts an asynchronous 16-byte copy global -> shared (cp.async: no registers in between); with
+// `valid` false nothing is read and dst gets zeros. Before sm_80 it is an ordinary copy.
+__device__ __forceinline__ void copy16_async(void* dst, const void* src, bool valid) {
+#if __CUDA_ARCH__ >= 800
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(addr), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+#else
+    *reinterpret_cast<uint4*>(dst) =
+        valid ? *reinterpret_cast<const uint4*>(src) : make_uint4(0u, 0u, 0u, 0u);
+#endif
+}
+
+// Closes the copies started so far into one group.
+__device__ __forceinline__ void commit_copies() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Waits until at most `pending` of this thread's groups are still in flight.
+template <int pending>
+__device__ __forceinline__ void wait_copies() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(pending) : "memory");
+#endif
+}
+
 __device__ __forceinline__ float sigmoid_f32(float v) {
     return 1.0f / (1.0f + expf(-v));
 }

@@ -3,7 +3,8 @@
 // `tdt_decode` runs up to `max_steps` uniform steps without returning to the host. A step:
 //
 //   [rows that emitted a label last step exist]
-//     LSTM layer 0 .. layer L-1 (grid barrier after each) -> joint.pred (grid barrier)
+//     layer 0's cells (grid barrier) -> LSTM layers 1 .. L-1 (grid barrier after each)
+//     -> joint.pred (grid barrier)
 //   joint for every active row (grid barrier) -> choice of label and duration, advance
 //
 // Rows that emitted a label in the previous step first run the prediction network on it (the
@@ -11,13 +12,23 @@
 // exactly the CPU loop's (models::tdt): blanks advance the frame and look again with the same
 // prediction output, labels are emitted at the frame where they were found.
 //
+// Each layer's recurrent product W_hh h is computed as soon as its h changes, in the phase that
+// already stages that h (layer l's new h also feeds W_ih of layer l + 1, or joint.pred), and is
+// kept in `rec` until the row predicts again. Layer 0's input product is a per-label table, so
+// layer 0 is a cell update with no product, and every product phase stages one input.
+//
 // Every block keeps its own copy of the row state in shared memory and makes the same choices
-// from the same joint outputs, so the blocks agree on what runs next without another barrier; block 0
-// alone writes tokens and the final row state. Work inside a phase is split over the blocks
-// (block b owns outputs b, b + G, b + 2G, ...) and over the block's warps in tiles: a warp
-// multiplies TILE weight rows by up to ROW_CHUNK staged batch rows over one CHUNK of the inner
-// dimension, so weights are read once per step (up to ROW_CHUNK rows) and each staged value
-// read from shared memory feeds TILE multiply-adds. The choice of label and duration reduces
+// from the same joint outputs, so the blocks agree on what runs next without another barrier;
+// block 0 alone writes tokens and the final row state. Block b owns LSTM units b, b + G, ...
+// (their four gate rows in every matrix, their cell state and recurrent products) and outputs
+// b, b + G, ... of joint.pred and of the joint. Its weight rows stay in shared memory for the
+// whole launch where they fit (`piece_rows` 0: one block per SM of a whole GPU), else they
+// stream through two buffers of `piece_rows` rows (cp.async, the next piece in flight while
+// this one is used). A product is computed in micro-tiles of TILE weight rows x up to MR_MAX
+// batch rows; the SLICES lanes of a micro-tile split the inner dimension (lane s takes float4s
+// s, s + SLICES, ...), each summing its share in order, and add their sums by a butterfly. So
+// every value's sum tree depends on the inner dimension alone: not on the grid, on where the
+// weights are, or on the other rows of the batch. The choice of label and duration reduces
 // per-block partial maxima instead of every logit. The launch must be cooperative: the grid
 // barrier needs every block resident.
 //
@@ -33,17 +44,22 @@
 #define RS_ENC_ROW 7       // first row of this utterance in the projected encoder output
 
 // Loop bookkeeping `ds[field]`, kept across launches so a decode may span several.
-#define DS_FIELDS 4
+#define DS_FIELDS 3
 #define DS_STEPS 0      // steps run since the reset
-#define DS_PARITY 1     // which half of h/c holds the current state
-#define DS_BAR_COUNT 2  // grid barrier: arrivals ever (wraps; compared as a difference)
-#define DS_BAR_BASE 3   // DS_BAR_COUNT when the last launch ended: where this launch starts
+#define DS_BAR_COUNT 1  // grid barrier: arrivals ever (wraps; compared as a difference)
+#define DS_BAR_BASE 2   // DS_BAR_COUNT when the last launch ended: where this launch starts
 
 #define DEC_WARPS 16  // warps per block
-#define ROW_CHUNK 16  // batch rows staged (and accumulated in registers) per pass
-#define TILE 4        // weight rows per work item (an LSTM unit's four gates)
-#define CHUNK 128     // inner-dimension values per work item: one float4 per lane
+#define ROW_CHUNK 16  // batch rows staged per pass
+#define TILE 4        // weight rows per micro-tile
+#define MR_MAX 4      // batch rows per micro-tile
+#define SLICES 8      // lanes per micro-tile, splitting the inner dimension
 #define PARTIAL 4     // per block and row: best label value, its index, best duration, index
+
+// Product phases, in the order their rows sit in shared memory when resident.
+#define PH_LSTM 0   // layer l >= 1: W_ih_l of the owned units, then W_hh_{l-1} of the owned units
+#define PH_PRED 1   // joint.pred's owned outputs, then W_hh_{L-1} of the owned units
+#define PH_JOINT 2  // the joint's owned outputs
 
 struct TdtParams {
     int* rs;                // [rows, RS_FIELDS]
@@ -53,8 +69,9 @@ struct TdtParams {
     const float* w_hh;      // [layers, 4H, H] (gate order i, f, g, o)
     const float* w_ih;      // [layers - 1, 4H, H]: the layers above the first
     const float* bias;      // [layers - 1, 4H]: b_ih + b_hh of the layers above the first
-    float* h;               // [2, layers, rows, H]: two halves, DS_PARITY says which is current
-    float* c;               // [2, layers, rows, H]
+    float* h;               // [layers, rows, H]
+    float* c;               // [layers, rows, H]
+    float* rec;             // [layers, rows, H, 4]: W_hh h of the current h, by unit and gate
     const float* pred_w;    // [J, H]
     const float* pred_b;    // [J]
     float* pred_proj;       // [rows, J]
@@ -73,7 +90,77 @@ struct TdtParams {
     int max_symbols;
     int token_capacity;
     int max_steps;
+    int piece_rows;  // 0: the block's weight rows are resident; else rows per streaming buffer
+    // Dynamic shared memory, in floats from its start: the staged rows [stage_rows][max(H, J)]
+    // at 0, then the weight rows, the products [max phase rows][ROW_CHUNK], the row state.
+    int shared_weights;
+    int shared_products;
+    int shared_row_state;
 };
+
+// What this block owns: LSTM units per layer, joint.pred outputs, joint outputs.
+struct Owned {
+    int units;
+    int pred;
+    int joint;
+};
+
+__device__ __forceinline__ int owned_of(int n) {
+    return (n - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+}
+
+__device__ __forceinline__ Owned owned(const TdtParams& p) {
+    return {owned_of(p.hidden), owned_of(p.joint_hidden), owned_of(p.n_out)};
+}
+
+__device__ __forceinline__ int phase_rows(const Owned& own, int kind) {
+    return kind == PH_LSTM ? 8 * own.units : kind == PH_PRED ? own.pred + 4 * own.units : own.joint;
+}
+
+__device__ __forceinline__ int phase_inner(const TdtParams& p, int kind) {
+    return kind == PH_JOINT ? p.joint_hidden : p.hidden;
+}
+
+// Where this block's rows of phase (kind, layer) start among its resident weights.
+__device__ __forceinline__ long long resident_offset(const TdtParams& p, const Owned& own,
+                                                     int kind, int layer) {
+    const long long lstm = 8LL * own.units * p.hidden;
+    if (kind == PH_LSTM) return (layer - 1) * lstm;
+    const long long pred = (p.layers - 1) * lstm;
+    return kind == PH_PRED ? pred : pred + (long long)phase_rows(own, PH_PRED) * p.hidden;
+}
+
+// Weight row o of this block's rows of phase (kind, layer).
+__device__ const float* weight_row(const TdtParams& p, const Owned& own, int kind, int layer,
+                                   int o) {
+    const int H = p.hidden, b = blockIdx.x, G = gridDim.x;
+    // Row i of the owned units' gate rows: unit i / 4, gate i % 4.
+    auto gate_row = [&](const float* w, int i) {
+        return w + ((long long)(i % 4) * H + b + (i / 4) * G) * H;
+    };
+    const long long matrix = 4LL * H * H;
+    if (kind == PH_LSTM) {
+        const int n = 4 * own.units;
+        return o < n ? gate_row(p.w_ih + (layer - 1) * matrix, o)
+                     : gate_row(p.w_hh + (layer - 1) * matrix, o - n);
+    }
+    if (kind == PH_PRED) {
+        return o < own.pred ? p.pred_w + (long long)(b + o * G) * H
+                            : gate_row(p.w_hh + (p.layers - 1) * matrix, o - own.pred);
+    }
+    return p.out_w + (long long)(b + o * G) * p.joint_hidden;
+}
+
+// Starts copying rows first .. first + n of phase (kind, layer) to dst [n][k] (cp.async).
+__device__ void copy_weight_rows(float* dst, const TdtParams& p, const Owned& own, int kind,
+                                 int layer, int first, int n) {
+    const int k = phase_inner(p, kind), quads = k / 4;
+    for (int i = threadIdx.x; i < n * quads; i += blockDim.x) {
+        const int o = i / quads, q = i % quads;
+        copy16_async(dst + (long long)o * k + 4 * q,
+                     weight_row(p, own, kind, layer, first + o) + 4 * q, true);
+    }
+}
 
 __device__ __forceinline__ bool row_active(const int* s) {
     return s[RS_TIME] < s[RS_FRAMES];
@@ -129,305 +216,226 @@ __device__ void stage_rows(float* dst, const float* src, int row0, unsigned sel,
     }
 }
 
-// This lane's float4 at k of each of the TILE weight rows (w[q] null, or k past the row length
-// `len`: zeros).
-__device__ __forceinline__ void load_tile(float4 (&wv)[TILE], const float* const (&w)[TILE],
-                                          int len, int k) {
-#pragma unroll
-    for (int q = 0; q < TILE; ++q)
-        wv[q] = w[q] && k < len ? __ldg(reinterpret_cast<const float4*>(w[q] + k))
-                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+// The index of the n-th set bit of `mask` (n counts from 0; the bit exists).
+__device__ __forceinline__ int nth_set_bit(unsigned mask, int n) {
+    for (; n > 0; --n) mask &= mask - 1;
+    return __ffs(mask) - 1;
 }
 
-// acc[r * TILE + q] += wv[q] . xs[r][k..k+4) for the selected rows r < RC (xs: [ROW_CHUNK][len]).
-// A warp's accumulators cover the first RC rows of a chunk (1, 4 or ROW_CHUNK: fewer registers
-// and instructions when only the first rows are selected, as in small batches).
+// y[o * ROW_CHUNK + r] = sum_k w[o][k] x[r][k] for o < n and the row groups of the first RC
+// rows that hold a selected row (w: [n][k], x: [RC][k], both in shared memory). A micro-tile
+// (TILE rows of w, MR rows of x) belongs to SLICES consecutive lanes: lane s sums float4s s,
+// s + SLICES, ... in order, then a butterfly adds the lanes' sums.
 template <int RC>
-__device__ __forceinline__ void fma_tile(float (&acc)[RC * TILE], const float4 (&wv)[TILE],
-                                         const float* xs, int len, int k, unsigned sel) {
-    if (k >= len) return;
+__device__ void tile_products(const float* w, int n, const float* x, int k, unsigned sel,
+                              float* y) {
+    constexpr int MR = RC < MR_MAX ? RC : MR_MAX;
+    constexpr int GROUPS = RC / MR;
+    unsigned groups = 0;  // bit g: row group g holds a selected row
 #pragma unroll
-    for (int r = 0; r < RC; ++r) {
-        if (!(sel >> r & 1)) continue;
-        const float4 x = *reinterpret_cast<const float4*>(xs + r * len + k);
+    for (int g = 0; g < GROUPS; ++g)
+        if (sel >> (g * MR) & ((1u << MR) - 1)) groups |= 1u << g;
+    const int tiles = (n + TILE - 1) / TILE, units = tiles * __popc(groups);
+    const int slice = threadIdx.x % SLICES, quads = k / 4;
+    const unsigned lanes = 0xffu << ((threadIdx.x & 31) & ~(SLICES - 1));
+    for (int unit = threadIdx.x / SLICES; unit < units; unit += blockDim.x / SLICES) {
+        const int tile = unit % tiles, group = nth_set_bit(groups, unit / tiles);
+        const float* wr[TILE];
 #pragma unroll
-        for (int q = 0; q < TILE; ++q) {
-            float a = acc[r * TILE + q];
-            a = fmaf(wv[q].x, x.x, a);
-            a = fmaf(wv[q].y, x.y, a);
-            a = fmaf(wv[q].z, x.z, a);
-            acc[r * TILE + q] = fmaf(wv[q].w, x.w, a);
+        for (int q = 0; q < TILE; ++q) wr[q] = w + (long long)min(tile * TILE + q, n - 1) * k;
+        const float* xr = x + (long long)group * MR * k;
+        float acc[MR * TILE];
+#pragma unroll
+        for (int i = 0; i < MR * TILE; ++i) acc[i] = 0.0f;
+        for (int at = slice; at < quads; at += SLICES) {
+            float4 wv[TILE], xv[MR];
+#pragma unroll
+            for (int q = 0; q < TILE; ++q) wv[q] = reinterpret_cast<const float4*>(wr[q])[at];
+#pragma unroll
+            for (int r = 0; r < MR; ++r) xv[r] = reinterpret_cast<const float4*>(xr + r * k)[at];
+#pragma unroll
+            for (int r = 0; r < MR; ++r) {
+#pragma unroll
+                for (int q = 0; q < TILE; ++q) {
+                    float a = acc[r * TILE + q];
+                    a = fmaf(wv[q].x, xv[r].x, a);
+                    a = fmaf(wv[q].y, xv[r].y, a);
+                    a = fmaf(wv[q].z, xv[r].z, a);
+                    acc[r * TILE + q] = fmaf(wv[q].w, xv[r].w, a);
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < MR * TILE; ++i) {
+#pragma unroll
+            for (int offset = SLICES / 2; offset > 0; offset /= 2)
+                acc[i] += __shfl_xor_sync(lanes, acc[i], offset);
+        }
+        // Every lane holds every sum; lane s stores sums s, s + SLICES, ...
+#pragma unroll
+        for (int i = 0; i < MR * TILE; ++i) {
+            const int o = tile * TILE + i % TILE, r = group * MR + i / TILE;
+            if (i % SLICES == slice && o < n) y[o * ROW_CHUNK + r] = acc[i];
         }
     }
 }
 
-template <int N>
-__device__ __forceinline__ void zero_tile(float (&acc)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) acc[i] = 0.0f;
-}
-
-// One halving exchange over lanes `offset` apart: sums the values i and i + HALF of the two
-// lanes, keeping (in acc[0..HALF)) the half this lane's `offset` bit selects.
-template <int HALF, int N>
-__device__ __forceinline__ void halve(float (&acc)[N], int offset) {
-    const bool upper = threadIdx.x & offset;
-#pragma unroll
-    for (int i = 0; i < HALF; ++i) {
-        const float send = upper ? acc[i] : acc[i + HALF];
-        const float keep = upper ? acc[i + HALF] : acc[i];
-        acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
-    }
-}
-
-// Halving exchanges HALF, HALF / 2, ..., 2 over lanes 16, 8, ... apart; `base` becomes the index
-// of the first of the two values this lane keeps.
-template <int HALF, int N>
-__device__ __forceinline__ void halvings(float (&acc)[N], int offset, int& base) {
-    halve<HALF>(acc, offset);
-    if (threadIdx.x & offset) base += HALF;
-    if constexpr (HALF > 2) halvings<HALF / 2>(acc, offset / 2, base);
-}
-
-// Sums accumulators 0..V over the warp and stores them at out[0..V): halving exchanges while
-// more than two values remain (V = 64: 32 + 16 + 8 + 4 + 2 shuffles instead of 64 * 5), plain
-// ones for the lane bits left.
-template <int V, int N>
-__device__ __forceinline__ void reduce_store(float (&acc)[N], float* out) {
-    constexpr int used = V == 64 ? 5 : V == 32 ? 4 : V == 16 ? 3 : V == 8 ? 2 : 1;
-    static_assert(V <= N && (1 << (used + 1)) == V, "V is 4, 8, 16, 32 or 64");
-    int base = 0;
-    halvings<V / 2>(acc, 16, base);
-#pragma unroll
-    for (int offset = 16 >> used; offset >= 1; offset /= 2) {
-        acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], offset);
-        acc[1] += __shfl_xor_sync(0xffffffffu, acc[1], offset);
-    }
-    if (((threadIdx.x & 31) & ((32 >> used) - 1)) == 0) {
-        out[base] = acc[0];
-        out[base + 1] = acc[1];
-    }
-}
-
-// Stores the warp sums of the accumulators of the selected rows at out[r * TILE + q] (fewer
-// exchanges when only the first rows of the chunk are selected). The sums' tree (lanes 16, 8,
-// 4, 2, 1 apart) is the same whichever width is reduced, so a row's result does not depend on
-// the other rows of its batch.
-template <int RC>
-__device__ __forceinline__ void store_warp_sums(float (&acc)[RC * TILE], float* out,
-                                                unsigned sel) {
-    static_assert(ROW_CHUNK * TILE == 64, "the widest reduction is 64 values");
-    if constexpr (RC == 1) {
-        reduce_store<TILE>(acc, out);
-    } else if constexpr (RC == 4) {
-        reduce_store<4 * TILE>(acc, out);
-    } else {
-        if (sel < (1u << 8))
-            reduce_store<8 * TILE>(acc, out);
-        else
-            reduce_store<16 * TILE>(acc, out);
-    }
-}
-
-// This warp's work items (item = warp, warp + DEC_WARPS, ...): TILE weight rows (a) times the
-// staged rows xa over one chunk, plus, if `two`, TILE more (b) times the staged rows xb, into
-// accumulators for the first RC rows; then the warp sums go to parts[item * 64 ...].
-// load_item(item, a, b) fills the weights; the first item's are loaded by the caller.
-template <int RC, typename LoadItem>
-__device__ __forceinline__ void tile_items(int items, int chunks, int len, bool two,
-                                           unsigned sel, const float* xa, const float* xb,
-                                           float* parts, float4 (&a)[TILE], float4 (&b)[TILE],
-                                           LoadItem load_item) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int item = warp; item < items; item += DEC_WARPS) {
-        if (item != warp) load_item(item, a, b);
-        const int k = (item % chunks) * CHUNK + lane * 4;
-        float acc[RC * TILE];
-        zero_tile(acc);
-        fma_tile<RC>(acc, a, xa, len, k, sel);
-        if (two) fma_tile<RC>(acc, b, xb, len, k, sel);
-        store_warp_sums<RC>(acc, parts + item * 64, sel);
-    }
-}
-
-// tile_items with the narrowest accumulator width that covers the selected rows.
-template <typename LoadItem>
-__device__ __forceinline__ void tile_items_for(int items, int chunks, int len, bool two,
-                                               unsigned sel, const float* xa, const float* xb,
-                                               float* parts, float4 (&a)[TILE],
-                                               float4 (&b)[TILE], LoadItem load_item) {
+// tile_products with the narrowest micro-tile height that covers the selected rows.
+__device__ __forceinline__ void tile_products_for(const float* w, int n, const float* x, int k,
+                                                  unsigned sel, float* y) {
     if (sel < (1u << 1))
-        tile_items<1>(items, chunks, len, two, sel, xa, xb, parts, a, b, load_item);
+        tile_products<1>(w, n, x, k, sel, y);
     else if (sel < (1u << 4))
-        tile_items<4>(items, chunks, len, two, sel, xa, xb, parts, a, b, load_item);
+        tile_products<4>(w, n, x, k, sel, y);
     else
-        tile_items<ROW_CHUNK>(items, chunks, len, two, sel, xa, xb, parts, a, b, load_item);
+        tile_products<ROW_CHUNK>(w, n, x, k, sel, y);
 }
 
-// Work items of `groups` tiles over an inner dimension of `len`: item = group * chunks + chunk.
-__device__ __forceinline__ int chunks_of(int len) { return (len + CHUNK - 1) / CHUNK; }
-
-// Sum over the chunks of tile `group`'s value for row r, weight row q (parts as stored by
-// store_warp_sums, one 64-value slot per item).
-__device__ __forceinline__ float tile_sum(const float* parts, int group, int chunks, int r,
-                                          int q) {
-    float sum = 0.0f;
-    for (int c = 0; c < chunks; ++c) sum += parts[(group * chunks + c) * 64 + r * TILE + q];
-    return sum;
+// The products of this block's rows of phase (kind, layer) with the staged rows `sel`:
+// y[o * ROW_CHUNK + r]. `stage_input` fills xs [ROW_CHUNK][k]; it runs between two block
+// barriers while the first streamed piece of weights is in flight. Ends with a block barrier.
+template <typename Stage>
+__device__ void phase_products(const TdtParams& p, const Owned& own, int kind, int layer,
+                               float* weights, const float* xs, unsigned sel, float* y,
+                               Stage stage_input) {
+    const int n = phase_rows(own, kind), k = phase_inner(p, kind);
+    const int piece = p.piece_rows;
+    __syncthreads();  // the previous chunk is done with the stage, the buffers and y
+    if (piece > 0) {
+        copy_weight_rows(weights, p, own, kind, layer, 0, min(piece, n));
+        commit_copies();
+    }
+    stage_input();
+    if (piece == 0) {
+        __syncthreads();
+        tile_products_for(weights + resident_offset(p, own, kind, layer), n, xs, k, sel, y);
+        __syncthreads();
+        return;
+    }
+    const int width = max(p.hidden, p.joint_hidden);
+    for (int first = 0, i = 0; first < n; first += piece, ++i) {
+        if (first + piece < n) {
+            copy_weight_rows(weights + (long long)((i + 1) & 1) * piece * width, p, own, kind,
+                             layer, first + piece, min(piece, n - first - piece));
+            commit_copies();
+            wait_copies<1>();
+        } else {
+            wait_copies<0>();
+        }
+        __syncthreads();
+        tile_products_for(weights + (long long)(i & 1) * piece * width, min(piece, n - first),
+                          xs, k, sel, y + first * ROW_CHUNK);
+        __syncthreads();  // this buffer is refilled two pieces on
+    }
 }
 
-// One LSTM layer for the rows that predict: reads the current half of h/c (and layer l - 1's
-// new h), writes the other half. Rows that do not predict carry their state over unchanged.
-__device__ void lstm_layer(const TdtParams& p, int l, int parity, const int* srs, float* stage,
-                           float* parts) {
+// Copies every weight row this block owns into shared memory (resident launches), waiting.
+__device__ void load_resident_weights(const TdtParams& p, const Owned& own, float* weights) {
+    for (int l = 1; l < p.layers; ++l)
+        copy_weight_rows(weights + resident_offset(p, own, PH_LSTM, l), p, own, PH_LSTM, l, 0,
+                         phase_rows(own, PH_LSTM));
+    for (int kind = PH_PRED; kind <= PH_JOINT; ++kind)
+        copy_weight_rows(weights + resident_offset(p, own, kind, 0), p, own, kind, 0, 0,
+                         phase_rows(own, kind));
+    commit_copies();
+    wait_copies<0>();
+    __syncthreads();
+}
+
+// One LSTM cell: gate pre-activations (i, f, g, o) of state element `at` of a layer's c and h.
+__device__ __forceinline__ void lstm_cell(float gi, float gf, float gg, float go, float* c,
+                                          float* h, long long at) {
+    const float cell = sigmoid_f32(gf) * __ldcg(c + at) + sigmoid_f32(gi) * tanhf(gg);
+    c[at] = cell;
+    h[at] = sigmoid_f32(go) * tanhf(cell);
+}
+
+// Layer 0 for the rows that predict, owned units only: table row of the label + recurrent
+// product, then the cell.
+__device__ void layer0_cells(const TdtParams& p, const Owned& own, const int* srs) {
+    const int H = p.hidden;
+    for (int i = threadIdx.x; i < own.units * p.rows; i += blockDim.x) {
+        const int unit = blockIdx.x + (i / p.rows) * gridDim.x, row = i % p.rows;
+        const int* s = srs + row * RS_FIELDS;
+        if (!(s[RS_NEED_PREDICT] && row_active(s))) continue;
+        const float* x = p.x_table + (long long)s[RS_LABEL] * 4 * H + unit;
+        const long long at = (long long)row * H + unit;
+        const float4 r = __ldcg(reinterpret_cast<const float4*>(p.rec) + at);
+        lstm_cell(__ldg(x) + r.x, __ldg(x + H) + r.y, __ldg(x + 2 * H) + r.z,
+                  __ldg(x + 3 * H) + r.w, p.c, p.h, at);
+    }
+}
+
+// Stores the recurrent products y[first + 4i + g] (unit i, gate g) of a layer for the
+// selected rows of the chunk at row0.
+__device__ void store_recurrent(const TdtParams& p, const Owned& own, int layer, const float* y,
+                                int first, int row0, unsigned sel) {
+    const long long base = (long long)layer * p.rows * p.hidden;
+    for (int i = threadIdx.x; i < own.units * ROW_CHUNK; i += blockDim.x) {
+        const int u = i / ROW_CHUNK, r = i % ROW_CHUNK;
+        if (!(sel >> r & 1)) continue;
+        const float* v = y + (first + 4 * u) * ROW_CHUNK + r;
+        const long long at = base + (long long)(row0 + r) * p.hidden + blockIdx.x + u * gridDim.x;
+        __stcg(reinterpret_cast<float4*>(p.rec) + at,
+               make_float4(v[0], v[ROW_CHUNK], v[2 * ROW_CHUNK], v[3 * ROW_CHUNK]));
+    }
+}
+
+// LSTM layer l >= 1 for the rows that predict: W_ih_l (new h of layer l - 1) + bias + the kept
+// recurrent product, then the cells of the owned units; also layer l - 1's new recurrent
+// products from the same staged h.
+__device__ void lstm_phase(const TdtParams& p, const Owned& own, int l, const int* srs,
+                           float* stage, float* weights, float* y) {
     const int H = p.hidden;
     const long long layer = (long long)p.rows * H;
-    const long long old_at = ((long long)parity * p.layers + l) * layer;
-    const long long new_at = ((long long)(1 - parity) * p.layers + l) * layer;
-    const float* h_old = p.h + old_at;
-    const float* c_old = p.c + old_at;
-    float* h_new = p.h + new_at;
-    float* c_new = p.c + new_at;
-    const float* w_hh = p.w_hh + (long long)l * 4 * H * H;
-    const float* w_ih = l > 0 ? p.w_ih + (long long)(l - 1) * 4 * H * H : nullptr;
-
-    float* hs = stage;                  // [ROW_CHUNK][H]: the rows' h of this layer
-    float* xs = stage + ROW_CHUNK * H;  // [ROW_CHUNK][H]: their new h of the layer below
-    const int units = (H - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
-    const int chunks = chunks_of(H);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const float* h_below = p.h + (l - 1) * layer;
+    const float* bias = p.bias + (long long)(l - 1) * 4 * H;
     for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK) {
         const unsigned sel = predicting_rows(srs, row0, p.rows);
         if (sel == 0) continue;  // uniform: every thread reads the same shared row state
-        // Item (unit u, chunk c): the unit's four gate rows of W_hh (and W_ih) over one chunk.
-        // The first item's weights and the epilogue's inputs do not depend on the stage: their
-        // loads are issued first, so their latency overlaps the staging.
-        auto gate_rows = [&](const float* w, int item, const float* (&rows)[TILE]) {
-            const int unit = blockIdx.x + (item / chunks) * gridDim.x;
-#pragma unroll
-            for (int g = 0; g < TILE; ++g) rows[g] = w + ((long long)g * H + unit) * H;
-        };
-        auto load_item = [&](int item, float4 (&hh)[TILE], float4 (&ih)[TILE]) {
-            const float* rows[TILE];
-            const int k = (item % chunks) * CHUNK + lane * 4;
-            gate_rows(w_hh, item, rows);
-            load_tile(hh, rows, H, k);
-            if (l > 0) {
-                gate_rows(w_ih, item, rows);
-                load_tile(ih, rows, H, k);
-            }
-        };
-        float4 hh[TILE], ih[TILE];
-        if (warp < units * chunks) load_item(warp, hh, ih);
-        // The epilogue's first (unit, row): gate additions and old cell state.
-        const int u0 = threadIdx.x / ROW_CHUNK, r0 = threadIdx.x % ROW_CHUNK;
-        const bool early = u0 < units && (sel >> r0 & 1);
-        float add0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c0 = 0.0f;
-        auto epilogue_inputs = [&](int u, int r, float (&add)[4], float& c) {
-            const int unit = blockIdx.x + u * gridDim.x, row = row0 + r;
-            const float* from =
-                l == 0 ? p.x_table + (long long)srs[row * RS_FIELDS + RS_LABEL] * 4 * H
-                       : p.bias + (long long)(l - 1) * 4 * H;
-#pragma unroll
-            for (int g = 0; g < 4; ++g) add[g] = __ldg(from + g * H + unit);
-            c = __ldcg(c_old + (long long)row * H + unit);
-        };
-        if (early) epilogue_inputs(u0, r0, add0, c0);
-
-        __syncthreads();  // the previous chunk is done with the stage and the parts
-        stage_rows(hs, h_old, row0, sel, H);
-        if (l > 0) stage_rows(xs, h_new - layer, row0, sel, H);  // layer l - 1, new half
-        __syncthreads();
-        tile_items_for(units * chunks, chunks, H, l > 0, sel, hs, xs, parts, hh, ih, load_item);
-        __syncthreads();
-        for (int i = threadIdx.x; i < units * ROW_CHUNK; i += blockDim.x) {
-            const int u = i / ROW_CHUNK, r = i % ROW_CHUNK, row = row0 + r;
+        phase_products(p, own, PH_LSTM, l, weights, stage, sel, y,
+                       [&] { stage_rows(stage, h_below, row0, sel, H); });
+        for (int i = threadIdx.x; i < own.units * ROW_CHUNK; i += blockDim.x) {
+            const int u = i / ROW_CHUNK, r = i % ROW_CHUNK;
             if (!(sel >> r & 1)) continue;
-            float add[4], c;
-            if (i == (int)threadIdx.x) {
-#pragma unroll
-                for (int g = 0; g < 4; ++g) add[g] = add0[g];
-                c = c0;
-            } else {
-                epilogue_inputs(u, r, add, c);
-            }
-            float gate[4];
-#pragma unroll
-            for (int g = 0; g < 4; ++g) gate[g] = tile_sum(parts, u, chunks, r, g) + add[g];
-            const long long at = (long long)row * H + blockIdx.x + u * gridDim.x;
-            const float cell = sigmoid_f32(gate[1]) * c + sigmoid_f32(gate[0]) * tanhf(gate[2]);
-            c_new[at] = cell;
-            h_new[at] = sigmoid_f32(gate[3]) * tanhf(cell);
+            const int unit = blockIdx.x + u * gridDim.x;
+            const float* v = y + 4 * u * ROW_CHUNK + r;
+            const long long at = l * layer + (long long)(row0 + r) * H + unit;
+            const float4 rec = __ldcg(reinterpret_cast<const float4*>(p.rec) + at);
+            lstm_cell(v[0] + __ldg(bias + unit) + rec.x,
+                      v[ROW_CHUNK] + __ldg(bias + H + unit) + rec.y,
+                      v[2 * ROW_CHUNK] + __ldg(bias + 2 * H + unit) + rec.z,
+                      v[3 * ROW_CHUNK] + __ldg(bias + 3 * H + unit) + rec.w, p.c, p.h, at);
         }
-    }
-    // Active rows that do not predict carry their state into the new half (finished rows are
-    // never read again). Last, so its latency overlaps the wait at the next barrier.
-    const int threads = gridDim.x * blockDim.x;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < p.rows * H; i += threads) {
-        const int* s = srs + (i / H) * RS_FIELDS;
-        if (row_active(s) && !s[RS_NEED_PREDICT]) {
-            h_new[i] = __ldcg(h_old + i);
-            c_new[i] = __ldcg(c_old + i);
-        }
+        store_recurrent(p, own, l - 1, y, 4 * own.units, row0, sel);
     }
 }
 
-// Items of w . x for this block's outputs o = blockIdx.x + (group * TILE + q) * gridDim.x < n:
-// issues the first item's weight loads, runs `stage` (which fills xs, [ROW_CHUNK][len]) between
-// two block barriers, then each warp sums its items into parts. Returns the group count.
-template <typename Stage>
-__device__ int block_linear_parts(const float* w, const float* xs, int len, int n, unsigned sel,
-                                  float* parts, Stage stage) {
-    const int mine = (n - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
-    const int groups = (mine + TILE - 1) / TILE, chunks = chunks_of(len);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    auto load_item = [&](int item, float4 (&wv)[TILE]) {
-        const float* rows_of_w[TILE];
-#pragma unroll
-        for (int q = 0; q < TILE; ++q) {
-            const int o = blockIdx.x + ((item / chunks) * TILE + q) * gridDim.x;
-            rows_of_w[q] = o < n ? w + (long long)o * len : nullptr;
-        }
-        load_tile(wv, rows_of_w, len, (item % chunks) * CHUNK + lane * 4);
-    };
-    float4 wv[TILE];
-    if (warp < groups * chunks) load_item(warp, wv);
-    __syncthreads();  // the previous chunk is done with the stage and the parts
-    stage();
-    __syncthreads();
-    float4 unused[TILE];
-    tile_items_for(groups * chunks, chunks, len, false, sel, xs, xs, parts, wv, unused,
-                   [&](int item, float4 (&w)[TILE], float4 (&)[TILE]) { load_item(item, w); });
-    return groups;
-}
-
-// pred_proj[row] = joint.pred(new top-layer h[row]) for the rows that predict.
-__device__ void pred_phase(const TdtParams& p, int parity, const int* srs, float* stage,
-                           float* parts) {
-    const long long layer = (long long)p.rows * p.hidden;
-    const float* h_top = p.h + ((long long)(1 - parity) * p.layers + p.layers - 1) * layer;
+// pred_proj[row] = joint.pred(new top-layer h[row]) for the rows that predict, and the top
+// layer's new recurrent products from the same staged h.
+__device__ void pred_phase(const TdtParams& p, const Owned& own, const int* srs, float* stage,
+                           float* weights, float* y) {
+    const float* h_top = p.h + (long long)(p.layers - 1) * p.rows * p.hidden;
     for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK) {
         const unsigned sel = predicting_rows(srs, row0, p.rows);
         if (sel == 0) continue;
-        const int groups =
-            block_linear_parts(p.pred_w, stage, p.hidden, p.joint_hidden, sel, parts,
-                               [&] { stage_rows(stage, h_top, row0, sel, p.hidden); });
-        __syncthreads();
-        const int chunks = chunks_of(p.hidden);
-        for (int i = threadIdx.x; i < groups * TILE * ROW_CHUNK; i += blockDim.x) {
-            const int r = i % ROW_CHUNK, q = (i / ROW_CHUNK) % TILE, group = i / (ROW_CHUNK * TILE);
-            const int o = blockIdx.x + (group * TILE + q) * gridDim.x;
-            if (!(sel >> r & 1) || o >= p.joint_hidden) continue;
-            p.pred_proj[(long long)(row0 + r) * p.joint_hidden + o] =
-                tile_sum(parts, group, chunks, r, q) + __ldg(p.pred_b + o);
+        phase_products(p, own, PH_PRED, 0, weights, stage, sel, y,
+                       [&] { stage_rows(stage, h_top, row0, sel, p.hidden); });
+        for (int i = threadIdx.x; i < own.pred * ROW_CHUNK; i += blockDim.x) {
+            const int j = i / ROW_CHUNK, r = i % ROW_CHUNK;
+            const int o = blockIdx.x + j * gridDim.x;
+            if (!(sel >> r & 1)) continue;
+            p.pred_proj[(long long)(row0 + r) * p.joint_hidden + o] = y[i] + __ldg(p.pred_b + o);
         }
+        store_recurrent(p, own, p.layers - 1, y, own.pred, row0, sel);
     }
 }
 
 // joint.out(relu(enc_proj[frame] + pred_proj[row])) for the active rows; per row, this block's
 // best label and best duration output go to partial[row][block].
-__device__ void joint_phase(const TdtParams& p, const int* srs, float* stage, float* parts,
-                            float* partial) {
+__device__ void joint_phase(const TdtParams& p, const Owned& own, const int* srs, float* stage,
+                            float* weights, float* y, float* partial) {
     const int J = p.joint_hidden, quads = J / 4;
     for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK) {
         const unsigned sel = active_rows(srs, row0, p.rows);
@@ -448,28 +456,16 @@ __device__ void joint_phase(const TdtParams& p, const int* srs, float* stage, fl
                                 fmaxf(v.z + e.z, 0.0f), fmaxf(v.w + e.w, 0.0f));
             }
         };
-        const int groups =
-            block_linear_parts(p.out_w, stage, J, p.n_out, sel, parts, stage_joint_input);
-        __syncthreads();
-        // Every (output, row) value at once into the free stage, then one thread per row scans
-        // its outputs in increasing order with strict '>': the first index of the maximum.
-        const int chunks = chunks_of(J);
-        float* vals = stage;  // [groups * TILE][ROW_CHUNK]
-        for (int i = threadIdx.x; i < groups * TILE * ROW_CHUNK; i += blockDim.x) {
-            const int r = i % ROW_CHUNK, q = (i / ROW_CHUNK) % TILE, group = i / (ROW_CHUNK * TILE);
-            const int o = blockIdx.x + (group * TILE + q) * gridDim.x;
-            if (o < p.n_out && (sel >> r & 1))
-                vals[i] = tile_sum(parts, group, chunks, r, q) + __ldg(p.out_b + o);
-        }
-        __syncthreads();
+        phase_products(p, own, PH_JOINT, 0, weights, stage, sel, y, stage_joint_input);
+        // One thread per row scans its outputs in increasing order with strict '>': the first
+        // index of the maximum.
         const int r = threadIdx.x;
         if (r >= ROW_CHUNK || !(sel >> r & 1)) continue;
         float best_label = 0.0f, best_duration = 0.0f;
         int label = -1, duration = -1;  // -1: none of this block's outputs is of the kind
-        for (int j = 0; j < groups * TILE; ++j) {
+        for (int j = 0; j < own.joint; ++j) {
             const int o = blockIdx.x + j * gridDim.x;
-            if (o >= p.n_out) break;
-            const float v = vals[j * ROW_CHUNK + r];
+            const float v = y[j * ROW_CHUNK + r] + __ldg(p.out_b + o);
             if (o < p.n_classes) {
                 if (label < 0 || v > best_label) {
                     best_label = v;
@@ -564,27 +560,42 @@ __device__ void advance_phase(const TdtParams& p, int* srs, const float* partial
     }
 }
 
-// Dynamic shared memory: stage [2][ROW_CHUNK][max(H, J)] floats, then the warps' tile sums
-// [max_tiles(grid) * chunks_of(max(H, J))][64] floats, then the row state [rows][RS_FIELDS].
-__device__ __forceinline__ int max_tiles(const TdtParams& p) {
-    const int g = gridDim.x;
-    const int per_block = max(max((p.hidden + g - 1) / g, (p.joint_hidden + g - 1) / g),
-                              (p.n_out + g - 1) / g);
-    return max((p.hidden + g - 1) / g, (per_block + TILE - 1) / TILE);
+
+// Per-phase timing for kernel work (compile with DEC_PROFILE defined): block 0's thread 0
+// stamps %globaltimer after every phase and barrier and prints the mean per step at the end.
+#ifdef DEC_PROFILE
+#define PROFILE_SLOTS 8
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
 }
+#define PROFILE_MARK(slot)                                             \
+    if (blockIdx.x == 0 && threadIdx.x == 0) {                         \
+        const unsigned long long now = global_ns();                    \
+        profile[slot] += now - profile_last;                           \
+        profile_last = now;                                            \
+    }
+#else
+#define PROFILE_MARK(slot)
+#endif
 
 extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const TdtParams p) {
     extern __shared__ float4 shared4[];
     float* stage = reinterpret_cast<float*>(shared4);
-    const int width = max(p.hidden, p.joint_hidden);
-    float* parts = stage + 2 * ROW_CHUNK * width;
-    int* srs = reinterpret_cast<int*>(parts + max_tiles(p) * chunks_of(width) * 64);
+    float* weights = stage + p.shared_weights;
+    float* y = stage + p.shared_products;
+    int* srs = reinterpret_cast<int*>(stage + p.shared_row_state);
     __shared__ int any_active, any_predicting;
+    const Owned own = owned(p);
+#ifdef DEC_PROFILE
+    unsigned long long profile[PROFILE_SLOTS] = {}, profile_last = global_ns();
+#endif
 
     for (int i = threadIdx.x; i < p.rows * RS_FIELDS; i += blockDim.x) srs[i] = __ldcg(p.rs + i);
     const int first_step = __ldcg(p.ds + DS_STEPS);
-    int parity = __ldcg(p.ds + DS_PARITY);
     unsigned barrier = (unsigned)__ldcg(p.ds + DS_BAR_BASE);
+    if (p.piece_rows == 0) load_resident_weights(p, own, weights);  // ends with a block barrier
     __syncthreads();
     int step = 0;
     for (; step < p.max_steps; ++step) {
@@ -605,27 +616,42 @@ extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const
         __syncthreads();
         if (!any_active) break;  // the same in every block: their row states are equal
         if (any_predicting) {
-            for (int l = 0; l < p.layers; ++l) {
-                lstm_layer(p, l, parity, srs, stage, parts);
-                grid_barrier(p.ds, barrier);
-            }
-            pred_phase(p, parity, srs, stage, parts);
-            parity ^= 1;
+            layer0_cells(p, own, srs);
+            PROFILE_MARK(0);
             grid_barrier(p.ds, barrier);
+            PROFILE_MARK(1);
+            for (int l = 1; l < p.layers; ++l) {
+                lstm_phase(p, own, l, srs, stage, weights, y);
+                PROFILE_MARK(2);
+                grid_barrier(p.ds, barrier);
+                PROFILE_MARK(3);
+            }
+            pred_phase(p, own, srs, stage, weights, y);
+            PROFILE_MARK(4);
+            grid_barrier(p.ds, barrier);
+            PROFILE_MARK(5);
         }
         // Alternate halves: a block may still read step s's partials while another writes s + 1's.
         float* partial = p.partial + (long long)((first_step + step) & 1) * p.rows * gridDim.x *
                                          PARTIAL;
-        joint_phase(p, srs, stage, parts, partial);
+        joint_phase(p, own, srs, stage, weights, y, partial);
+        PROFILE_MARK(6);
         grid_barrier(p.ds, barrier);
         advance_phase(p, srs, partial);
         __syncthreads();
+        PROFILE_MARK(7);
     }
+#ifdef DEC_PROFILE
+    if (blockIdx.x == 0 && threadIdx.x == 0 && step > 0)
+        printf("PROFILE steps=%d ns/step: layer0 %llu bar %llu lstm %llu bar %llu pred %llu bar "
+               "%llu joint %llu bar+advance %llu\n",
+               step, profile[0] / step, profile[1] / step, profile[2] / step, profile[3] / step,
+               profile[4] / step, profile[5] / step, profile[6] / step, profile[7] / step);
+#endif
     if (blockIdx.x == 0) {
         for (int i = threadIdx.x; i < p.rows * RS_FIELDS; i += blockDim.x) p.rs[i] = srs[i];
         if (threadIdx.x == 0) {
             p.ds[DS_STEPS] = first_step + step;
-            p.ds[DS_PARITY] = parity;
             // Read by the next launch only: every block read this launch's base before it
             // arrived at its first barrier, and block 0 got here past the last one.
             p.ds[DS_BAR_BASE] = (int)barrier;
@@ -633,21 +659,19 @@ extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const
     }
 }
 
-// Zero state (both halves), every used row feeds the start-of-sequence label first; rows >=
-// batch are unused. Leaves the barrier fields of ds alone (the count and its base stay
-// consistent across launches).
+// Zero state (h, c and the recurrent products of every layer), every used row feeds the
+// start-of-sequence label first; rows >= batch are unused. Leaves the barrier fields of ds
+// alone (the count and its base stay consistent across launches).
 extern "C" __global__ void tdt_reset(int* rs, int* ds, const int* frames, const int* enc_rows,
                                      int batch, int rows, int blank, float* h, float* c,
-                                     long long state_len) {
+                                     float* rec, long long state_len) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < state_len;
          i += (long long)gridDim.x * blockDim.x) {
         h[i] = 0.0f;
         c[i] = 0.0f;
+        reinterpret_cast<float4*>(rec)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        ds[DS_STEPS] = 0;
-        ds[DS_PARITY] = 0;
-    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) ds[DS_STEPS] = 0;
     for (int row = blockIdx.x * blockDim.x + threadIdx.x; row < rows;
          row += gridDim.x * blockDim.x) {
         int* r = rs + row * RS_FIELDS;

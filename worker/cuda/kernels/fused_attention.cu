@@ -77,26 +77,6 @@ __device__ __forceinline__ void load_v_fragments(unsigned (&b)[4], const bf16_t*
                  : "memory");
 }
 
-// Starts an asynchronous 16-byte copy global -> shared (cp.async, no registers in between);
-// with `valid` false nothing is read and dst gets zeros.
-__device__ __forceinline__ void copy16_async(bf16_t* dst, const bf16_t* src, bool valid) {
-    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(addr), "l"(src),
-                 "r"(valid ? 16 : 0)
-                 : "memory");
-}
-
-// Closes the copies started so far into one group.
-__device__ __forceinline__ void commit_copies() {
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-// Waits until at most `pending` of this thread's groups are still in flight.
-template <int pending>
-__device__ __forceinline__ void wait_copies() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(pending) : "memory");
-}
-
 // Starts copying `rows` rows of HD bf16 (global rows first_row + r of a [*, row_stride] matrix,
 // valid for 0 <= first_row + r < limit, zeros otherwise; limit >= 1) to dst [rows][SD]. All of a
 // thread's copies are in flight at once: one memory round trip per stage, not one per row.

@@ -50,7 +50,7 @@ impl DeviceProbe {
 impl CudaEngine {
     /// SMs this context may use: the whole device's, or under MPS the active thread
     /// percentage's share (the device attribute keeps reporting the whole device).
-    pub(crate) fn context_sm_count(&self) -> Result<u32> {
+    pub fn context_sm_count(&self) -> Result<u32> {
         self.context()
             .bind_to_thread()
             .context(|| "binding the context".into())?;

@@ -154,6 +154,11 @@ fn gpu_decoder_gives_the_cpu_decoders_and_nemos_tokens() -> Result<()> {
         // Larger than the envelope: eager on a temporary workspace, same answers.
         let beyond = gpu.decode(&engine, &upload(&engine, &all)?)?;
         check("beyond-envelope batch=8", &beyond, &indices);
+        // Three blocks (as on a small MPS share), weights streamed through buffers of 5 rows.
+        let streamed = GpuDecoder::from_checkpoint(&engine, &ckpt)?
+            .with_layout(Some(3), Some(5))?
+            .decode(&engine, &upload(&engine, &all)?)?;
+        check("3 blocks, streamed, batch=8", &streamed, &indices);
     }
     ensure!(failures.is_empty(), "failures: {failures:#?}");
     Ok(())
@@ -327,10 +332,18 @@ fn gpu_decoder_equals_cpu_decoder_on_fresh_random_weights() -> Result<()> {
             },
         )?;
         let graph = gpu.decode(&engine, &upload(&engine, &refs)?)?;
+        // Three blocks (as on a small MPS share), weights streamed through buffers of 5 rows.
+        let streamed = GpuDecoder::from_checkpoint(&engine, &ckpt)?
+            .with_layout(Some(3), Some(5))?
+            .decode(&engine, &upload(&engine, &refs)?)?;
         let mut tokens = 0;
         for (b, c) in cpu_hyps.iter().enumerate() {
             tokens += c.tokens.len();
-            for (label, hyps) in [("eager", &eager), ("graph", &graph)] {
+            for (label, hyps) in [
+                ("eager", &eager),
+                ("graph", &graph),
+                ("3 blocks, streamed", &streamed),
+            ] {
                 if hyps[b] != *c {
                     failures.push(format!(
                         "vocab {vocab} hidden {hidden} layers {layers} joint {joint} batch \
@@ -345,7 +358,9 @@ fn gpu_decoder_equals_cpu_decoder_on_fresh_random_weights() -> Result<()> {
             "RESULT decoder random vocab={vocab} hidden={hidden} layers={layers} joint={joint} \
              batch={batch}: {tokens} tokens, identical rows {}/{batch}",
             (0..batch)
-                .filter(|b| eager[*b] == cpu_hyps[*b] && graph[*b] == cpu_hyps[*b])
+                .filter(|b| [&eager, &graph, &streamed]
+                    .iter()
+                    .all(|h| h[*b] == cpu_hyps[*b]))
                 .count()
         );
         ensure!(tokens > 0, "degenerate random decoder: no tokens");

@@ -24,7 +24,7 @@ use crate::encoder::EncoderOutput;
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
 use crate::matmul::MatmulSpec;
-use steps::{decode_shared_bytes, DECODE_THREADS};
+use steps::{DecodeLayout, DecoderDims, DECODE_THREADS};
 use weights::DecoderWeights;
 use workspace::{DecoderWorkspace, DS_STEPS, RS_FIELDS, RS_FRAMES, RS_TIME, RS_TOKENS};
 
@@ -44,6 +44,9 @@ pub struct GpuDecoder {
     grid: usize,
     /// Dynamic shared memory the decoding kernel may use per block (the device's opt-in limit).
     max_shared_bytes: usize,
+    /// Streams the weights in pieces of this many rows even where they would stay resident
+    /// (tests and benchmarks: [`GpuDecoder::with_layout`]).
+    piece_rows: Option<usize>,
     /// The envelope's workspace (with its graph), once warmed up.
     warm: Mutex<Option<DecoderWorkspace>>,
 }
@@ -76,16 +79,20 @@ impl GpuDecoder {
         let grid = (engine.context_sm_count()? as usize).max(1);
         let (max_shared_bytes, resident) =
             engine.allow_max_shared_bytes(Kernel::TdtDecode, DECODE_THREADS)?;
-        let n_out = cfg.vocab_size + 1 + cfg.durations.len();
-        let needed = decode_shared_bytes(cfg.pred_hidden, cfg.joint_hidden, n_out, 1, grid);
-        if needed > max_shared_bytes || resident == 0 {
+        let dims = DecoderDims {
+            hidden: cfg.pred_hidden,
+            joint_hidden: cfg.joint_hidden,
+            n_out: cfg.vocab_size + 1 + cfg.durations.len(),
+            layers: cfg.pred_rnn_layers,
+        };
+        if resident == 0 || DecodeLayout::new(dims, 1, grid, max_shared_bytes, None).is_none() {
             return Err(ModelError::InvalidConfig {
                 file: ckpt.tensors.source.clone(),
                 key: "decoder.prednet.pred_hidden".into(),
                 problem: format!(
-                    "the GPU decoder stages {needed} bytes per block for pred_hidden {} and \
-                     joint_hidden {}; this GPU allows {max_shared_bytes} ({resident} blocks \
-                     resident per multiprocessor)",
+                    "the GPU decoder cannot lay out pred_hidden {} and joint_hidden {} in the \
+                     {max_shared_bytes} bytes of shared memory this GPU allows per block \
+                     ({resident} blocks resident per multiprocessor)",
                     cfg.pred_hidden, cfg.joint_hidden
                 ),
             }
@@ -97,8 +104,47 @@ impl GpuDecoder {
             d_model,
             grid,
             max_shared_bytes,
+            piece_rows: None,
             warm: Mutex::new(None),
         })
+    }
+
+    /// For tests and benchmarks, before [`GpuDecoder::warm_up`]: run the decoding kernel on
+    /// `grid` blocks (at most one per multiprocessor this context may use, as under an MPS
+    /// share) and stream its weights in pieces of `piece_rows` rows even where they would stay
+    /// resident. The results are the same bits whatever the grid and the weights' placement.
+    pub fn with_layout(mut self, grid: Option<usize>, piece_rows: Option<usize>) -> Result<Self> {
+        if let Some(grid) = grid {
+            if grid == 0 || grid > self.grid {
+                return Err(CudaEngineError::Shape {
+                    op: "GpuDecoder::with_layout",
+                    detail: format!("grid {grid}: this context runs 1 to {} blocks", self.grid),
+                });
+            }
+            self.grid = grid;
+        }
+        self.piece_rows = piece_rows.filter(|rows| *rows > 0);
+        Ok(self)
+    }
+
+    fn dims(&self) -> DecoderDims {
+        DecoderDims {
+            hidden: self.hidden(),
+            joint_hidden: self.joint_hidden(),
+            n_out: self.n_out(),
+            layers: self.layers(),
+        }
+    }
+
+    /// The decoding kernel's shared memory for `rows` rows on `grid` blocks.
+    pub(crate) fn layout(&self, rows: usize, grid: usize) -> Option<DecodeLayout> {
+        DecodeLayout::new(
+            self.dims(),
+            rows,
+            grid,
+            self.max_shared_bytes,
+            self.piece_rows,
+        )
     }
 
     pub(crate) fn hidden(&self) -> usize {

@@ -12,35 +12,94 @@ use crate::ops::{to_i32, to_i64};
 use super::workspace::{DecoderWorkspace, RS_FIELDS};
 use super::GpuDecoder;
 
-/// Warps per block, batch rows per staged chunk, weight rows per tile and inner-dimension
-/// values per work item of `tdt_decode` (`DEC_WARPS`, `ROW_CHUNK`, `TILE`, `CHUNK` in
+/// Warps per block, batch rows per staged chunk of `tdt_decode` (`DEC_WARPS`, `ROW_CHUNK` in
 /// `decoder.cu`), and floats per block and row of its partial maxima (`PARTIAL`).
 const WARPS_PER_BLOCK: usize = 16;
 const ROW_CHUNK: usize = 16;
-const TILE: usize = 4;
-const CHUNK: usize = 128;
 pub(crate) const PARTIAL: usize = 4;
 pub(crate) const DECODE_THREADS: u32 = (WARPS_PER_BLOCK * 32) as u32;
 
-/// Dynamic shared memory of `tdt_decode` for `rows` batch rows on `grid` blocks (the layout
-/// comment of `tdt_decode`): the staged rows, the warps' tile sums, the row state.
-pub(crate) fn decode_shared_bytes(
-    hidden: usize,
-    joint_hidden: usize,
-    n_out: usize,
-    rows: usize,
-    grid: usize,
-) -> usize {
-    let grid = grid.max(1);
-    let width = hidden.max(joint_hidden);
-    let per_block = hidden.max(joint_hidden).max(n_out).div_ceil(grid);
-    let tiles = hidden.div_ceil(grid).max(per_block.div_ceil(TILE));
-    let stage = 2 * ROW_CHUNK * width;
-    let parts = tiles * width.div_ceil(CHUNK) * ROW_CHUNK * TILE;
-    (stage + parts) * 4 + rows * RS_FIELDS * 4
+/// The decoder's sizes that shape `tdt_decode`'s shared memory.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DecoderDims {
+    pub(crate) hidden: usize,
+    pub(crate) joint_hidden: usize,
+    pub(crate) n_out: usize,
+    pub(crate) layers: usize,
 }
 
-/// `TdtParams` in `decoder.cu`: 17 device addresses, then 10 ints, in this order.
+/// `tdt_decode`'s dynamic shared memory for a row count and grid (the `shared_*` fields of
+/// its parameters): the staged rows, the block's weight rows (all of them, resident for the
+/// launch, or two streaming buffers of `piece_rows` rows), the products, the row state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DecodeLayout {
+    /// 0: every weight row the block owns stays in shared memory for the launch.
+    pub(crate) piece_rows: usize,
+    /// Offsets in floats from the start of the dynamic shared memory.
+    pub(crate) weights_at: usize,
+    pub(crate) products_at: usize,
+    pub(crate) row_state_at: usize,
+    pub(crate) bytes: usize,
+}
+
+impl DecodeLayout {
+    /// The resident layout where it fits in `max_bytes` (unless `piece_rows` asks to stream),
+    /// else two streaming buffers of `piece_rows` rows (default: as many as fit). `None`: not
+    /// even one row per buffer fits.
+    pub(crate) fn new(
+        dims: DecoderDims,
+        rows: usize,
+        grid: usize,
+        max_bytes: usize,
+        piece_rows: Option<usize>,
+    ) -> Option<Self> {
+        // Block 0 owns the most: ceil(n / grid) of every kind (`Owned` in decoder.cu).
+        let grid = grid.max(1);
+        let units = dims.hidden.div_ceil(grid);
+        let pred = dims.joint_hidden.div_ceil(grid);
+        let joint = dims.n_out.div_ceil(grid);
+        let lstm_rows = if dims.layers > 1 { 8 * units } else { 0 };
+        let product_rows = lstm_rows.max(pred + 4 * units).max(joint);
+        // The micro-tiles read rows 0..1, 0..4 or 0..16 of the stage.
+        let stage_rows = match rows {
+            0..=1 => 1,
+            2..=4 => 4,
+            _ => ROW_CHUNK,
+        };
+        let width = dims.hidden.max(dims.joint_hidden);
+        let weights_at = stage_rows * width;
+        let layout = |piece_rows: usize, weight_floats: usize| {
+            let products_at = weights_at + weight_floats;
+            let row_state_at = products_at + product_rows * ROW_CHUNK;
+            let bytes = row_state_at * 4 + rows * RS_FIELDS * 4;
+            (bytes <= max_bytes).then_some(Self {
+                piece_rows,
+                weights_at,
+                products_at,
+                row_state_at,
+                bytes,
+            })
+        };
+        let resident_floats = (dims.layers - 1) * 8 * units * dims.hidden
+            + (pred + 4 * units) * dims.hidden
+            + joint * dims.joint_hidden;
+        if piece_rows.is_none() {
+            if let Some(resident) = layout(0, resident_floats) {
+                return Some(resident);
+            }
+        }
+        let fixed = (weights_at + product_rows * ROW_CHUNK + rows * RS_FIELDS) * 4;
+        let piece = piece_rows
+            .unwrap_or(max_bytes.saturating_sub(fixed) / (2 * width * 4))
+            .min(product_rows);
+        if piece == 0 {
+            return None;
+        }
+        layout(piece, 2 * piece * width)
+    }
+}
+
+/// `TdtParams` in `decoder.cu`: 18 device addresses, then 14 ints, in this order.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 struct TdtParams {
@@ -53,6 +112,7 @@ struct TdtParams {
     bias: u64,
     h: u64,
     c: u64,
+    rec: u64,
     pred_w: u64,
     pred_b: u64,
     pred_proj: u64,
@@ -71,6 +131,10 @@ struct TdtParams {
     max_symbols: i32,
     token_capacity: i32,
     max_steps: i32,
+    piece_rows: i32,
+    shared_weights: i32,
+    shared_products: i32,
+    shared_row_state: i32,
 }
 
 // SAFETY: plain integers in C layout (8-byte fields first, so no padding), the layout of
@@ -105,12 +169,12 @@ impl GpuDecoder {
     ) -> Result<()> {
         let op = "tdt_reset";
         let p = &ws.ptr;
-        let state_len = 2 * self.layers() * ws.rows * self.hidden();
+        let state_len = self.layers() * ws.rows * self.hidden();
         let (batch, rows) = (to_i32(op, "batch", batch)?, to_i32(op, "rows", ws.rows)?);
         let blank = to_i32(op, "blank", self.blank())?;
         let state = to_i64(op, "state", state_len)?;
-        // SAFETY: the arguments follow tdt_reset's signature; h/c hold `state_len` floats,
-        // ds DS_FIELDS ints, and rs/frames/enc_rows hold `ws.rows` rows (workspace invariants).
+        // SAFETY: the arguments follow tdt_reset's signature; h/c hold `state_len` floats and
+        // rec 4 * `state_len`, ds DS_FIELDS ints, and rs/frames/enc_rows hold `ws.rows` rows (workspace invariants).
         unsafe {
             engine.launch(
                 Kernel::TdtReset,
@@ -126,6 +190,7 @@ impl GpuDecoder {
                         .arg(&blank)
                         .arg(&p.h)
                         .arg(&p.c)
+                        .arg(&p.rec)
                         .arg(&state);
                 },
             )
@@ -136,6 +201,7 @@ impl GpuDecoder {
         &self,
         engine: &CudaEngine,
         ws: &DecoderWorkspace,
+        layout: &DecodeLayout,
         max_steps: usize,
     ) -> Result<TdtParams> {
         let op = "tdt_decode";
@@ -153,6 +219,7 @@ impl GpuDecoder {
             bias: addr(&w.lstm.bias),
             h: p.h,
             c: p.c,
+            rec: p.rec,
             pred_w: addr(&w.pred.weight),
             pred_b: addr(&w.pred.bias),
             pred_proj: p.pred_proj,
@@ -171,6 +238,10 @@ impl GpuDecoder {
             max_symbols: to_i32(op, "max_symbols", self.cfg.max_symbols_per_step)?,
             token_capacity: to_i32(op, "token_capacity", ws.token_capacity)?,
             max_steps: to_i32(op, "max_steps", max_steps)?,
+            piece_rows: to_i32(op, "piece_rows", layout.piece_rows)?,
+            shared_weights: to_i32(op, "shared_weights", layout.weights_at)?,
+            shared_products: to_i32(op, "shared_products", layout.products_at)?,
+            shared_row_state: to_i32(op, "shared_row_state", layout.row_state_at)?,
         })
     }
 
@@ -182,28 +253,35 @@ impl GpuDecoder {
         ws: &DecoderWorkspace,
         max_steps: usize,
     ) -> Result<()> {
-        let params = self.params(engine, ws, max_steps)?;
-        let shared = decode_shared_bytes(
-            self.hidden(),
-            self.joint_hidden(),
-            self.n_out(),
-            ws.rows,
-            ws.grid,
-        );
+        let layout = self
+            .layout(ws.rows, ws.grid)
+            .ok_or_else(|| CudaEngineError::Shape {
+                op: "tdt_decode",
+                detail: format!(
+                    "{} rows on {} blocks do not fit {} bytes of shared memory per block",
+                    ws.rows, ws.grid, self.max_shared_bytes
+                ),
+            })?;
+        let params = self.params(engine, ws, &layout, max_steps)?;
+        let shared = layout.bytes;
         let config = LaunchConfig {
             grid_dim: (ws.grid as u32, 1, 1),
             block_dim: (DECODE_THREADS, 1, 1),
             shared_mem_bytes: shared as u32,
         };
-        let shape = || format!("rows={} grid={} shared={shared}", ws.rows, ws.grid);
+        let shape = || {
+            format!(
+                "rows={} grid={} shared={shared} piece_rows={}",
+                ws.rows, ws.grid, layout.piece_rows
+            )
+        };
         // SAFETY: TdtParams mirrors the kernel's by-value struct; its addresses are the
         // workspace's buffers (sized for `ws.rows` rows, `ws.max_frames` frames and
-        // `token_capacity` tokens per row, h/c in two halves, partials in two halves for up to
-        // `decoder.grid` >= `ws.grid` blocks) and the
-        // decoder's weights, whose shapes the loader checked; labels index the x_table rows
-        // (argmax indices < vocab + 1); frames index enc_proj below each row's frame count. The
-        // dynamic shared size is the one the kernel's layout needs for this grid and row count,
-        // allowed at load; the cooperative launch guarantees the co-residency its barrier needs.
+        // `token_capacity` tokens per row, h/c/rec for every layer, partials in two halves for up
+        // to `decoder.grid` >= `ws.grid` blocks) and the decoder's weights, whose shapes the
+        // loader checked; labels index the x_table rows (argmax indices < vocab + 1); frames
+        // index enc_proj below each row's frame count. The dynamic shared size and offsets are
+        // the layout's for this grid and row count, within the size allowed at load; the cooperative launch guarantees the co-residency its barrier needs.
         unsafe {
             engine.launch_cooperative(Kernel::TdtDecode, config, shape, |args| {
                 args.arg(&params);
@@ -256,5 +334,66 @@ impl GpuDecoder {
             .upload()
             .context(|| "uploading the decoder graph".into())?;
         Ok(StepGraph { graph, max_steps })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Parakeet TDT 0.6B v2's decoder: 2-layer LSTM 640, joint 640, 1024 tokens + blank + 5
+    /// durations.
+    const PARAKEET: DecoderDims = DecoderDims {
+        hidden: 640,
+        joint_hidden: 640,
+        n_out: 1030,
+        layers: 2,
+    };
+    /// The opt-in shared memory per block of an H100/H200 (227 KiB), less tdt_decode's static
+    /// 16 bytes.
+    const HOPPER_BYTES: usize = 232_448 - 16;
+
+    #[test]
+    fn parakeet_weights_stay_resident_on_a_whole_hopper_gpu() {
+        let layout = DecodeLayout::new(PARAKEET, 16, 132, HOPPER_BYTES, None).expect("fits");
+        assert_eq!(layout.piece_rows, 0);
+        // Stage 16 x 640, weights (40 + 25 + 8) rows x 640, products 40 x 16, row state.
+        assert_eq!(layout.weights_at, 16 * 640);
+        assert_eq!(layout.products_at, layout.weights_at + 73 * 640);
+        assert_eq!(layout.row_state_at, layout.products_at + 40 * 16);
+        assert_eq!(layout.bytes, layout.row_state_at * 4 + 16 * RS_FIELDS * 4);
+        assert!(layout.bytes <= HOPPER_BYTES);
+    }
+
+    #[test]
+    fn a_quarter_of_the_gpu_streams_the_weights_in_two_buffers() {
+        let layout = DecodeLayout::new(PARAKEET, 16, 33, HOPPER_BYTES, None).expect("fits");
+        // 20 units, 20 joint.pred outputs, 32 joint outputs per block: 160 LSTM rows at most.
+        assert!(layout.piece_rows > 0 && layout.piece_rows <= 160);
+        assert_eq!(
+            layout.products_at,
+            layout.weights_at + 2 * layout.piece_rows * 640
+        );
+        assert!(layout.bytes <= HOPPER_BYTES);
+        let more =
+            DecodeLayout::new(PARAKEET, 16, 33, HOPPER_BYTES + 2 * 640 * 4, None).expect("fits");
+        assert_eq!(
+            more.piece_rows,
+            layout.piece_rows + 1,
+            "as many rows as fit"
+        );
+    }
+
+    #[test]
+    fn streaming_can_be_forced_and_an_impossible_fit_is_none() {
+        let forced = DecodeLayout::new(PARAKEET, 16, 132, HOPPER_BYTES, Some(7)).expect("fits");
+        assert_eq!(forced.piece_rows, 7);
+        // One row per buffer is the least; the stage alone needs 16 x 640 floats.
+        assert!(DecodeLayout::new(PARAKEET, 16, 132, 16 * 640 * 4, None).is_none());
+        // Small row counts stage 1 or 4 rows.
+        let one = DecodeLayout::new(PARAKEET, 1, 132, HOPPER_BYTES, None).expect("fits");
+        assert_eq!(one.weights_at, 640);
+        let three = DecodeLayout::new(PARAKEET, 3, 132, HOPPER_BYTES, None).expect("fits");
+        assert_eq!(three.weights_at, 4 * 640);
     }
 }

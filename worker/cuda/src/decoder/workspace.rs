@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, DevicePtr};
 use crate::device::CudaEngine;
 use crate::error::{CudaEngineError, Result};
 
-use super::steps::{decode_shared_bytes, StepGraph, PARTIAL};
+use super::steps::{StepGraph, PARTIAL};
 use super::GpuDecoder;
 
 /// Fields per row of the row-state buffer (`RS_FIELDS` in `decoder.cu`).
@@ -16,7 +16,7 @@ pub(crate) const RS_TOKENS: usize = 6;
 pub(crate) const RS_TIME: usize = 1;
 pub(crate) const RS_FRAMES: usize = 0;
 /// Fields of the loop bookkeeping buffer (`DS_FIELDS` in `decoder.cu`).
-pub(crate) const DS_FIELDS: usize = 4;
+pub(crate) const DS_FIELDS: usize = 3;
 pub(crate) const DS_STEPS: usize = 0;
 
 /// Device addresses of the workspace buffers (valid while the workspace lives).
@@ -27,6 +27,7 @@ pub(crate) struct Pointers {
     pub(crate) enc_rows: u64,
     pub(crate) h: u64,
     pub(crate) c: u64,
+    pub(crate) rec: u64,
     pub(crate) pred_proj: u64,
     pub(crate) partial: u64,
     pub(crate) tokens: u64,
@@ -42,13 +43,13 @@ pub(crate) struct DecoderWorkspace {
     /// emits at most `max_symbols` labels per frame).
     pub(crate) token_capacity: usize,
     pub(crate) rs: CudaSlice<i32>,
-    /// Steps run, state parity and the grid barrier (`DS_*` in `decoder.cu`).
+    /// Steps run and the grid barrier (`DS_*` in `decoder.cu`).
     pub(crate) ds: CudaSlice<i32>,
     pub(crate) frames: CudaSlice<i32>,
     pub(crate) enc_rows: CudaSlice<i32>,
     pub(crate) tokens: CudaSlice<i32>,
     pub(crate) enc_proj: CudaSlice<f32>,
-    /// Owns the f32 buffers `ptr` points into (h, c, pred_proj, partial).
+    /// Owns the f32 buffers `ptr` points into (h, c, rec, pred_proj, partial).
     _state: Vec<CudaSlice<f32>>,
     pub(crate) ptr: Pointers,
     /// Blocks of the cooperative decoding kernel (lowered at the first launch the driver
@@ -68,30 +69,30 @@ impl DecoderWorkspace {
         let (h, j) = (decoder.hidden(), decoder.joint_hidden());
         let rows = rows.max(1);
         let max_frames = max_frames.max(1);
-        let shared = decode_shared_bytes(h, j, decoder.n_out(), rows, decoder.grid);
-        if shared > decoder.max_shared_bytes {
+        if decoder.layout(rows, decoder.grid).is_none() {
             return Err(CudaEngineError::Shape {
                 op: "GpuDecoder workspace",
                 detail: format!(
-                    "{rows} rows need {shared} bytes of shared memory per block, more than the \
-                     GPU's {}",
+                    "{rows} rows do not fit the {} bytes of shared memory per block this GPU \
+                     allows",
                     decoder.max_shared_bytes
                 ),
             });
         }
         let token_capacity = max_frames * decoder.cfg.max_symbols_per_step.max(1);
-        // Two halves: each step reads one and writes the other.
-        let state_len = 2 * decoder.layers() * rows * h;
+        let state_len = decoder.layers() * rows * h;
         let rs = engine.zeros::<i32>(rows * RS_FIELDS)?;
         let ds = engine.zeros::<i32>(DS_FIELDS)?;
         let frames = engine.zeros::<i32>(rows)?;
         let enc_rows = engine.zeros::<i32>(rows)?;
         let tokens = engine.zeros::<i32>(rows * token_capacity * 3)?;
         let enc_proj = engine.zeros::<f32>(rows * max_frames * j)?;
-        // h, c, pred_proj, the blocks' partial maxima (two halves, alternating by step).
+        // h, c, the recurrent products (4 gates per unit), pred_proj, the blocks' partial maxima
+        // (two halves, alternating by step).
         let state = [
             state_len,
             state_len,
+            4 * state_len,
             rows * j,
             2 * rows * decoder.grid * PARTIAL,
         ]
@@ -108,8 +109,9 @@ impl DecoderWorkspace {
             enc_rows: addr_i32(&enc_rows),
             h: addr(&state[0]),
             c: addr(&state[1]),
-            pred_proj: addr(&state[2]),
-            partial: addr(&state[3]),
+            rec: addr(&state[2]),
+            pred_proj: addr(&state[3]),
+            partial: addr(&state[4]),
             tokens: addr_i32(&tokens),
             enc_proj: addr(&enc_proj),
         };
