@@ -49,7 +49,7 @@
 #define DS_BAR_COUNT 1  // grid barrier: arrivals ever (wraps; compared as a difference)
 #define DS_BAR_BASE 2   // DS_BAR_COUNT when the last launch ended: where this launch starts
 
-#define DEC_WARPS 16  // warps per block
+#define DEC_WARPS 12  // warps per block (12: no register spills under the 168-register cap)
 #define ROW_CHUNK 16  // batch rows staged per pass
 #define TILE 4        // weight rows per micro-tile
 #define MR_MAX 4      // batch rows per micro-tile
@@ -151,14 +151,16 @@ __device__ const float* weight_row(const TdtParams& p, const Owned& own, int kin
     return p.out_w + (long long)(b + o * G) * p.joint_hidden;
 }
 
-// Starts copying rows first .. first + n of phase (kind, layer) to dst [n][k] (cp.async).
+// Starts copying rows first .. first + n of phase (kind, layer) to dst [n][k] (cp.async): a warp
+// per row, so a row's address is worked out once.
 __device__ void copy_weight_rows(float* dst, const TdtParams& p, const Owned& own, int kind,
                                  int layer, int first, int n) {
     const int k = phase_inner(p, kind), quads = k / 4;
-    for (int i = threadIdx.x; i < n * quads; i += blockDim.x) {
-        const int o = i / quads, q = i % quads;
-        copy16_async(dst + (long long)o * k + 4 * q,
-                     weight_row(p, own, kind, layer, first + o) + 4 * q, true);
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (int o = threadIdx.x >> 5; o < n; o += warps) {
+        const float* src = weight_row(p, own, kind, layer, first + o);
+        float* row = dst + (long long)o * k;
+        for (int q = lane; q < quads; q += 32) copy16_async(row + 4 * q, src + 4 * q, true);
     }
 }
 
@@ -204,18 +206,17 @@ __device__ void grid_barrier(int* ds, unsigned& target) {
     __syncthreads();
 }
 
-// Copies the selected rows of src ([rows, k] floats, written in this kernel) to dst
-// ([ROW_CHUNK, k]); k % 4 == 0.
+// Starts copying the selected rows of src ([rows, k] floats, written in this kernel: cp.async.cg
+// reads through L2) to dst ([ROW_CHUNK, k]) as one group; k % 4 == 0. Every copy is in flight at
+// once: one memory round trip, however many rows.
 __device__ void stage_rows(float* dst, const float* src, int row0, unsigned sel, int k) {
     const int quads = k / 4;
     for (int i = threadIdx.x; i < ROW_CHUNK * quads; i += blockDim.x) {
         const int r = i / quads, q = i % quads;
-        if (sel >> r & 1)
-            reinterpret_cast<float4*>(dst)[i] =
-                __ldcg(reinterpret_cast<const float4*>(src + (long long)(row0 + r) * k) + q);
+        if (sel >> r & 1) copy16_async(dst + 4 * i, src + (long long)(row0 + r) * k + 4 * q, true);
     }
+    commit_copies();
 }
-
 
 // The index of the n-th set bit of `mask` (n counts from 0; the bit exists).
 __device__ __forceinline__ int nth_set_bit(unsigned mask, int n) {
@@ -293,8 +294,9 @@ __device__ __forceinline__ void tile_products_for(const float* w, int n, const f
 }
 
 // The products of this block's rows of phase (kind, layer) with the staged rows `sel`:
-// y[o * ROW_CHUNK + r]. `stage_input` fills xs [ROW_CHUNK][k]; it runs between two block
-// barriers while the first streamed piece of weights is in flight. Ends with a block barrier.
+// y[o * ROW_CHUNK + r]. `stage_input` fills xs [ROW_CHUNK][k] (directly, or by copies it
+// commits as one group after the first streamed piece of weights, which is in flight by then).
+// Ends with a block barrier.
 template <typename Stage>
 __device__ void phase_products(const TdtParams& p, const Owned& own, int kind, int layer,
                                float* weights, const float* xs, unsigned sel, float* y,
@@ -308,6 +310,7 @@ __device__ void phase_products(const TdtParams& p, const Owned& own, int kind, i
     }
     stage_input();
     if (piece == 0) {
+        wait_copies<0>();
         __syncthreads();
         tile_products_for(weights + resident_offset(p, own, kind, layer), n, xs, k, sel, y);
         __syncthreads();
@@ -343,10 +346,11 @@ __device__ void load_resident_weights(const TdtParams& p, const Owned& own, floa
     __syncthreads();
 }
 
-// One LSTM cell: gate pre-activations (i, f, g, o) of state element `at` of a layer's c and h.
-__device__ __forceinline__ void lstm_cell(float gi, float gf, float gg, float go, float* c,
-                                          float* h, long long at) {
-    const float cell = sigmoid_f32(gf) * __ldcg(c + at) + sigmoid_f32(gi) * tanhf(gg);
+// One LSTM cell: gate pre-activations (i, f, g, o) and the old cell state of state element `at`
+// of a layer's c and h.
+__device__ __forceinline__ void lstm_cell(float gi, float gf, float gg, float go, float c_old,
+                                          float* c, float* h, long long at) {
+    const float cell = sigmoid_f32(gf) * c_old + sigmoid_f32(gi) * tanhf(gg);
     c[at] = cell;
     h[at] = sigmoid_f32(go) * tanhf(cell);
 }
@@ -362,8 +366,9 @@ __device__ void layer0_cells(const TdtParams& p, const Owned& own, const int* sr
         const float* x = p.x_table + (long long)s[RS_LABEL] * 4 * H + unit;
         const long long at = (long long)row * H + unit;
         const float4 r = __ldcg(reinterpret_cast<const float4*>(p.rec) + at);
+        const float c_old = __ldcg(p.c + at);
         lstm_cell(__ldg(x) + r.x, __ldg(x + H) + r.y, __ldg(x + 2 * H) + r.z,
-                  __ldg(x + 3 * H) + r.w, p.c, p.h, at);
+                  __ldg(x + 3 * H) + r.w, c_old, p.c, p.h, at);
     }
 }
 
@@ -403,10 +408,11 @@ __device__ void lstm_phase(const TdtParams& p, const Owned& own, int l, const in
             const float* v = y + 4 * u * ROW_CHUNK + r;
             const long long at = l * layer + (long long)(row0 + r) * H + unit;
             const float4 rec = __ldcg(reinterpret_cast<const float4*>(p.rec) + at);
+            const float c_old = __ldcg(p.c + at);
             lstm_cell(v[0] + __ldg(bias + unit) + rec.x,
                       v[ROW_CHUNK] + __ldg(bias + H + unit) + rec.y,
                       v[2 * ROW_CHUNK] + __ldg(bias + 2 * H + unit) + rec.z,
-                      v[3 * ROW_CHUNK] + __ldg(bias + 3 * H + unit) + rec.w, p.c, p.h, at);
+                      v[3 * ROW_CHUNK] + __ldg(bias + 3 * H + unit) + rec.w, c_old, p.c, p.h, at);
         }
         store_recurrent(p, own, l - 1, y, 4 * own.units, row0, sel);
     }
@@ -440,20 +446,32 @@ __device__ void joint_phase(const TdtParams& p, const Owned& own, const int* srs
     for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK) {
         const unsigned sel = active_rows(srs, row0, p.rows);
         if (sel == 0) continue;
+        // Loads in batches of STAGE_BATCH per thread before any store: one round trip each.
         auto stage_joint_input = [&] {
-            for (int i = threadIdx.x; i < ROW_CHUNK * quads; i += blockDim.x) {
-                const int r = i / quads, q = i % quads;
-                if (!(sel >> r & 1)) continue;
-                const int* s = srs + (row0 + r) * RS_FIELDS;
-                const float4 e = __ldg(
-                    reinterpret_cast<const float4*>(
-                        p.enc_proj + ((long long)s[RS_ENC_ROW] + s[RS_TIME]) * J) +
-                    q);
-                const float4 v = __ldcg(
-                    reinterpret_cast<const float4*>(p.pred_proj + (long long)(row0 + r) * J) + q);
-                reinterpret_cast<float4*>(stage)[i] =
-                    make_float4(fmaxf(v.x + e.x, 0.0f), fmaxf(v.y + e.y, 0.0f),
-                                fmaxf(v.z + e.z, 0.0f), fmaxf(v.w + e.w, 0.0f));
+            constexpr int STAGE_BATCH = 4;
+            const int total = ROW_CHUNK * quads;
+            for (int base = threadIdx.x; base < total; base += STAGE_BATCH * blockDim.x) {
+                float4 e[STAGE_BATCH], v[STAGE_BATCH];
+#pragma unroll
+                for (int j = 0; j < STAGE_BATCH; ++j) {
+                    const int i = base + j * blockDim.x, r = i / quads, q = i % quads;
+                    if (i >= total || !(sel >> r & 1)) continue;
+                    const int* s = srs + (row0 + r) * RS_FIELDS;
+                    e[j] = __ldg(reinterpret_cast<const float4*>(
+                                     p.enc_proj + ((long long)s[RS_ENC_ROW] + s[RS_TIME]) * J) +
+                                 q);
+                    v[j] = __ldcg(
+                        reinterpret_cast<const float4*>(p.pred_proj + (long long)(row0 + r) * J) +
+                        q);
+                }
+#pragma unroll
+                for (int j = 0; j < STAGE_BATCH; ++j) {
+                    const int i = base + j * blockDim.x, r = i / quads;
+                    if (i >= total || !(sel >> r & 1)) continue;
+                    reinterpret_cast<float4*>(stage)[i] = make_float4(
+                        fmaxf(v[j].x + e[j].x, 0.0f), fmaxf(v[j].y + e[j].y, 0.0f),
+                        fmaxf(v[j].z + e[j].z, 0.0f), fmaxf(v[j].w + e[j].w, 0.0f));
+                }
             }
         };
         phase_products(p, own, PH_JOINT, 0, weights, stage, sel, y, stage_joint_input);
@@ -483,31 +501,51 @@ __device__ void joint_phase(const TdtParams& p, const Owned& own, const int* srs
     }
 }
 
-// The best (value, index) of one kind over every block's partial for a row, in every lane:
-// greater value wins, the lower index on ties (index -1: that block had no output of the kind).
-__device__ int warp_best(const float* row_partial, int kind) {
-    const int lane = threadIdx.x & 31;
-    float best = 0.0f;
-    int index = -1;
-    for (int b = lane; b < (int)gridDim.x; b += 32) {
-        const float4 v = __ldcg(reinterpret_cast<const float4*>(row_partial) + b);
-        const float value = kind == 0 ? v.x : v.z;
-        const int at = __float_as_int(kind == 0 ? v.y : v.w);
-        if (at >= 0 && (index < 0 || value > best || (value == best && at < index))) {
-            best = value;
-            index = at;
+// A (value, index) candidate beats the best so far: greater value, or the lower index on ties
+// (index -1: none).
+__device__ __forceinline__ bool beats(float value, int index, float best, int best_index) {
+    return index >= 0 && (best_index < 0 || value > best || (value == best && index < best_index));
+}
+
+// The best label and the best duration output (indices) over every block's partials for a
+// row, in every lane. Each lane loads its blocks' partials in batches before comparing.
+__device__ int2 warp_best(const float* row_partial) {
+    constexpr int LOAD_BATCH = 4;
+    const int lane = threadIdx.x & 31, blocks = gridDim.x;
+    float best[2] = {0.0f, 0.0f};
+    int index[2] = {-1, -1};
+    for (int base = lane; base < blocks; base += LOAD_BATCH * 32) {
+        float4 v[LOAD_BATCH];
+#pragma unroll
+        for (int j = 0; j < LOAD_BATCH; ++j) {
+            const int b = base + j * 32;
+            v[j] = b < blocks ? __ldcg(reinterpret_cast<const float4*>(row_partial) + b)
+                              : make_float4(0.0f, __int_as_float(-1), 0.0f, __int_as_float(-1));
+        }
+#pragma unroll
+        for (int j = 0; j < LOAD_BATCH; ++j) {
+            if (beats(v[j].x, __float_as_int(v[j].y), best[0], index[0])) {
+                best[0] = v[j].x;
+                index[0] = __float_as_int(v[j].y);
+            }
+            if (beats(v[j].z, __float_as_int(v[j].w), best[1], index[1])) {
+                best[1] = v[j].z;
+                index[1] = __float_as_int(v[j].w);
+            }
         }
     }
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        const float other = __shfl_xor_sync(0xffffffffu, best, offset);
-        const int other_index = __shfl_xor_sync(0xffffffffu, index, offset);
-        if (other_index >= 0 &&
-            (index < 0 || other > best || (other == best && other_index < index))) {
-            best = other;
-            index = other_index;
+#pragma unroll
+    for (int kind = 0; kind < 2; ++kind) {
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            const float other = __shfl_xor_sync(0xffffffffu, best[kind], offset);
+            const int other_index = __shfl_xor_sync(0xffffffffu, index[kind], offset);
+            if (beats(other, other_index, best[kind], index[kind])) {
+                best[kind] = other;
+                index[kind] = other_index;
+            }
         }
     }
-    return index;
+    return make_int2(index[0], index[1]);
 }
 
 // Every block: choose each active row's label and duration from the partials and move the row
@@ -523,8 +561,9 @@ __device__ void advance_phase(const TdtParams& p, int* srs, const float* partial
             continue;
         }
         const float* v = partial + (long long)row * gridDim.x * PARTIAL;
-        const int label = warp_best(v, 0);
-        int duration = __ldg(p.durations + warp_best(v, 1));
+        const int2 best = warp_best(v);
+        const int label = best.x;
+        int duration = __ldg(p.durations + best.y);
         if (lane != 0) continue;
         s[RS_NEED_PREDICT] = 0;
         const int blank = p.n_classes - 1;

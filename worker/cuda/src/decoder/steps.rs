@@ -14,7 +14,7 @@ use super::GpuDecoder;
 
 /// Warps per block, batch rows per staged chunk of `tdt_decode` (`DEC_WARPS`, `ROW_CHUNK` in
 /// `decoder.cu`), and floats per block and row of its partial maxima (`PARTIAL`).
-const WARPS_PER_BLOCK: usize = 16;
+const WARPS_PER_BLOCK: usize = 12;
 const ROW_CHUNK: usize = 16;
 pub(crate) const PARTIAL: usize = 4;
 pub(crate) const DECODE_THREADS: u32 = (WARPS_PER_BLOCK * 32) as u32;
