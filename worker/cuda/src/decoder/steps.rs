@@ -174,7 +174,8 @@ impl GpuDecoder {
         let blank = to_i32(op, "blank", self.blank())?;
         let state = to_i64(op, "state", state_len)?;
         // SAFETY: the arguments follow tdt_reset's signature; h/c hold `state_len` floats and
-        // rec 4 * `state_len`, ds DS_FIELDS ints, and rs/frames/enc_rows hold `ws.rows` rows (workspace invariants).
+        // rec 4 * `state_len`, ds DS_FIELDS ints, and rs/frames/enc_rows hold `ws.rows` rows
+        // (workspace invariants).
         unsafe {
             engine.launch(
                 Kernel::TdtReset,
@@ -281,7 +282,8 @@ impl GpuDecoder {
         // to `decoder.grid` >= `ws.grid` blocks) and the decoder's weights, whose shapes the
         // loader checked; labels index the x_table rows (argmax indices < vocab + 1); frames
         // index enc_proj below each row's frame count. The dynamic shared size and offsets are
-        // the layout's for this grid and row count, within the size allowed at load; the cooperative launch guarantees the co-residency its barrier needs.
+        // the layout's for this grid and row count, within the size allowed at load; the
+        // cooperative launch guarantees the co-residency its barrier needs.
         unsafe {
             engine.launch_cooperative(Kernel::TdtDecode, config, shape, |args| {
                 args.arg(&params);
