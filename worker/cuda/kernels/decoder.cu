@@ -599,8 +599,7 @@ __device__ void advance_phase(const TdtParams& p, int* srs, const float* partial
     }
 }
 
-
-// Per-phase timing for kernel work (compile with DEC_PROFILE defined): block 0's thread 0
+// Per-phase timing (compile with DEC_PROFILE defined): block 0's thread 0
 // stamps %globaltimer after every phase and barrier and prints the mean per step at the end.
 #ifdef DEC_PROFILE
 #define PROFILE_SLOTS 8
