@@ -79,12 +79,7 @@ impl GpuDecoder {
         let grid = (engine.context_sm_count()? as usize).max(1);
         let (max_shared_bytes, resident) =
             engine.allow_max_shared_bytes(Kernel::TdtDecode, DECODE_THREADS)?;
-        let dims = DecoderDims {
-            hidden: cfg.pred_hidden,
-            joint_hidden: cfg.joint_hidden,
-            n_out: cfg.vocab_size + 1 + cfg.durations.len(),
-            layers: cfg.pred_rnn_layers,
-        };
+        let dims = DecoderDims::of(cfg);
         if resident == 0 || DecodeLayout::new(dims, 1, grid, max_shared_bytes, None).is_none() {
             return Err(ModelError::InvalidConfig {
                 file: ckpt.tensors.source.clone(),
@@ -127,19 +122,10 @@ impl GpuDecoder {
         Ok(self)
     }
 
-    fn dims(&self) -> DecoderDims {
-        DecoderDims {
-            hidden: self.hidden(),
-            joint_hidden: self.joint_hidden(),
-            n_out: self.n_out(),
-            layers: self.layers(),
-        }
-    }
-
     /// The decoding kernel's shared memory for `rows` rows on `grid` blocks.
     pub(crate) fn layout(&self, rows: usize, grid: usize) -> Option<DecodeLayout> {
         DecodeLayout::new(
-            self.dims(),
+            DecoderDims::of(&self.cfg),
             rows,
             grid,
             self.max_shared_bytes,
@@ -160,7 +146,7 @@ impl GpuDecoder {
         self.cfg.blank_id()
     }
     pub(crate) fn n_out(&self) -> usize {
-        self.cfg.vocab_size + 1 + self.cfg.durations.len()
+        DecoderDims::of(&self.cfg).n_out
     }
 
     /// Allocates the envelope's workspace and captures its step graph. Call once, before

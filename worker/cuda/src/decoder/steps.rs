@@ -3,6 +3,7 @@
 
 use cudarc::driver::sys::{cudaError_enum, CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use models::config::DecoderConfig;
 
 use crate::device::{elementwise_config, CudaEngine};
 use crate::error::{CudaEngineError, DriverContext, Result};
@@ -26,6 +27,18 @@ pub(crate) struct DecoderDims {
     pub(crate) joint_hidden: usize,
     pub(crate) n_out: usize,
     pub(crate) layers: usize,
+}
+
+impl DecoderDims {
+    pub(crate) fn of(cfg: &DecoderConfig) -> Self {
+        Self {
+            hidden: cfg.pred_hidden,
+            joint_hidden: cfg.joint_hidden,
+            // Labels, blank, then one output per duration.
+            n_out: cfg.vocab_size + 1 + cfg.durations.len(),
+            layers: cfg.pred_rnn_layers,
+        }
+    }
 }
 
 /// `tdt_decode`'s dynamic shared memory for a row count and grid (the `shared_*` fields of
