@@ -56,6 +56,35 @@
 #define SLICES 8      // lanes per micro-tile, splitting the inner dimension
 #define PARTIAL 4     // per block and row: best label value, its index, best duration, index
 
+// Per-phase timing (compile with DEC_PROFILE defined): block 0's thread 0 stamps %globaltimer
+// after every phase and barrier, and inside each product phase after its input is staged and
+// after its products, and prints the means per step at the end.
+#ifdef DEC_PROFILE
+#define PROFILE_SLOTS 8
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+#define PROFILE_MARK(slot)                                             \
+    if (blockIdx.x == 0 && threadIdx.x == 0) {                         \
+        const unsigned long long now = global_ns();                    \
+        profile[slot] += now - profile_last;                           \
+        profile_last = now;                                            \
+    }
+// Per product phase kind: [0] entry to input staged, [1] staged to products done; [2] entry.
+__shared__ unsigned long long sub_profile[3][3];
+#define SUB_MARK(kind, slot)                                                      \
+    if (blockIdx.x == 0 && threadIdx.x == 0) {                                   \
+        const unsigned long long now = global_ns();                               \
+        if (slot > 0) sub_profile[kind][slot - 1] += now - sub_profile[kind][2];  \
+        sub_profile[kind][2] = now;                                               \
+    }
+#else
+#define PROFILE_MARK(slot)
+#define SUB_MARK(kind, slot)
+#endif
+
 // Product phases, in the order their rows sit in shared memory when resident.
 #define PH_LSTM 0   // layer l >= 1: W_ih_l of the owned units, then W_hh_{l-1} of the owned units
 #define PH_PRED 1   // joint.pred's owned outputs, then W_hh_{L-1} of the owned units
@@ -92,10 +121,12 @@ struct TdtParams {
     int max_steps;
     int piece_rows;  // 0: the block's weight rows are resident; else rows per streaming buffer
     // Dynamic shared memory, in floats from its start: the staged rows [stage_rows][max(H, J)]
-    // at 0, then the weight rows, the products [max phase rows][ROW_CHUNK], the row state.
+    // at 0, then the weight rows, the products [max phase rows][ROW_CHUNK], the row state, the
+    // block's biases (`Biases`).
     int shared_weights;
     int shared_products;
     int shared_row_state;
+    int shared_biases;
 };
 
 // What this block owns: LSTM units per layer, joint.pred outputs, joint outputs.
@@ -119,6 +150,30 @@ __device__ __forceinline__ int phase_rows(const Owned& own, int kind) {
 
 __device__ __forceinline__ int phase_inner(const TdtParams& p, int kind) {
     return kind == PH_JOINT ? p.joint_hidden : p.hidden;
+}
+
+// The biases of what this block owns, copied to shared memory at the start of a launch (read
+// every step; the L1 is small beside the shared memory and streamed data would evict them):
+// the LSTM layers above the first [layer - 1][gate][unit], then joint.pred's and the joint's.
+struct Biases {
+    float* lstm;
+    float* pred;
+    float* joint;
+};
+
+__device__ __forceinline__ Biases biases_at(float* base, const TdtParams& p, const Owned& own) {
+    float* pred = base + (p.layers - 1) * 4 * own.units;
+    return {base, pred, pred + own.pred};
+}
+
+__device__ void load_biases(const Biases& s, const TdtParams& p, const Owned& own) {
+    const int H = p.hidden, b = blockIdx.x, G = gridDim.x;
+    for (int i = threadIdx.x; i < (p.layers - 1) * 4 * own.units; i += blockDim.x) {
+        const int u = i % own.units, gate = i / own.units % 4, l = i / (4 * own.units);
+        s.lstm[i] = p.bias[((long long)l * 4 + gate) * H + b + u * G];
+    }
+    for (int j = threadIdx.x; j < own.pred; j += blockDim.x) s.pred[j] = p.pred_b[b + j * G];
+    for (int j = threadIdx.x; j < own.joint; j += blockDim.x) s.joint[j] = p.out_b[b + j * G];
 }
 
 // Where this block's rows of phase (kind, layer) start among its resident weights.
@@ -304,6 +359,7 @@ __device__ void phase_products(const TdtParams& p, const Owned& own, int kind, i
     const int n = phase_rows(own, kind), k = phase_inner(p, kind);
     const int piece = p.piece_rows;
     __syncthreads();  // the previous chunk is done with the stage, the buffers and y
+    SUB_MARK(kind, 0);
     if (piece > 0) {
         copy_weight_rows(weights, p, own, kind, layer, 0, min(piece, n));
         commit_copies();
@@ -312,8 +368,10 @@ __device__ void phase_products(const TdtParams& p, const Owned& own, int kind, i
     if (piece == 0) {
         wait_copies<0>();
         __syncthreads();
+        SUB_MARK(kind, 1);
         tile_products_for(weights + resident_offset(p, own, kind, layer), n, xs, k, sel, y);
         __syncthreads();
+        SUB_MARK(kind, 2);
         return;
     }
     const int width = max(p.hidden, p.joint_hidden);
@@ -391,28 +449,43 @@ __device__ void store_recurrent(const TdtParams& p, const Owned& own, int layer,
 // recurrent product, then the cells of the owned units; also layer l - 1's new recurrent
 // products from the same staged h.
 __device__ void lstm_phase(const TdtParams& p, const Owned& own, int l, const int* srs,
-                           float* stage, float* weights, float* y) {
-    const int H = p.hidden;
+                           float* stage, float* weights, float* y, const Biases& biases) {
+    const int H = p.hidden, n = own.units * ROW_CHUNK;
     const long long layer = (long long)p.rows * H;
     const float* h_below = p.h + (l - 1) * layer;
-    const float* bias = p.bias + (long long)(l - 1) * 4 * H;
+    const float* bias = biases.lstm + (l - 1) * 4 * own.units;
     for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK) {
         const unsigned sel = predicting_rows(srs, row0, p.rows);
         if (sel == 0) continue;  // uniform: every thread reads the same shared row state
+        // Cell i of the epilogue: unit i / ROW_CHUNK, row i % ROW_CHUNK. This block wrote its
+        // cells' state and recurrent products itself, in earlier phases: the thread's first
+        // cell loads them now, so the round trip overlaps the products.
+        auto state_at = [&](int i) {
+            return l * layer + (long long)(row0 + i % ROW_CHUNK) * H + blockIdx.x +
+                   (i / ROW_CHUNK) * gridDim.x;
+        };
+        const bool early = threadIdx.x < n && (sel >> (threadIdx.x % ROW_CHUNK) & 1);
+        float4 early_rec = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float early_c = 0.0f;
+        if (early) {
+            early_rec = __ldcg(reinterpret_cast<const float4*>(p.rec) + state_at(threadIdx.x));
+            early_c = __ldcg(p.c + state_at(threadIdx.x));
+        }
         phase_products(p, own, PH_LSTM, l, weights, stage, sel, y,
                        [&] { stage_rows(stage, h_below, row0, sel, H); });
-        for (int i = threadIdx.x; i < own.units * ROW_CHUNK; i += blockDim.x) {
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
             const int u = i / ROW_CHUNK, r = i % ROW_CHUNK;
             if (!(sel >> r & 1)) continue;
-            const int unit = blockIdx.x + u * gridDim.x;
             const float* v = y + 4 * u * ROW_CHUNK + r;
-            const long long at = l * layer + (long long)(row0 + r) * H + unit;
-            const float4 rec = __ldcg(reinterpret_cast<const float4*>(p.rec) + at);
-            const float c_old = __ldcg(p.c + at);
-            lstm_cell(v[0] + __ldg(bias + unit) + rec.x,
-                      v[ROW_CHUNK] + __ldg(bias + H + unit) + rec.y,
-                      v[2 * ROW_CHUNK] + __ldg(bias + 2 * H + unit) + rec.z,
-                      v[3 * ROW_CHUNK] + __ldg(bias + 3 * H + unit) + rec.w, c_old, p.c, p.h, at);
+            const long long at = state_at(i);
+            const bool first = i == (int)threadIdx.x;
+            const float4 rec =
+                first ? early_rec : __ldcg(reinterpret_cast<const float4*>(p.rec) + at);
+            const float c_old = first ? early_c : __ldcg(p.c + at);
+            const float* b = bias + u;
+            lstm_cell(v[0] + b[0] + rec.x, v[ROW_CHUNK] + b[own.units] + rec.y,
+                      v[2 * ROW_CHUNK] + b[2 * own.units] + rec.z,
+                      v[3 * ROW_CHUNK] + b[3 * own.units] + rec.w, c_old, p.c, p.h, at);
         }
         store_recurrent(p, own, l - 1, y, 4 * own.units, row0, sel);
     }
@@ -421,7 +494,7 @@ __device__ void lstm_phase(const TdtParams& p, const Owned& own, int l, const in
 // pred_proj[row] = joint.pred(new top-layer h[row]) for the rows that predict, and the top
 // layer's new recurrent products from the same staged h.
 __device__ void pred_phase(const TdtParams& p, const Owned& own, const int* srs, float* stage,
-                           float* weights, float* y) {
+                           float* weights, float* y, const Biases& biases) {
     const float* h_top = p.h + (long long)(p.layers - 1) * p.rows * p.hidden;
     for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK) {
         const unsigned sel = predicting_rows(srs, row0, p.rows);
@@ -432,7 +505,7 @@ __device__ void pred_phase(const TdtParams& p, const Owned& own, const int* srs,
             const int j = i / ROW_CHUNK, r = i % ROW_CHUNK;
             const int o = blockIdx.x + j * gridDim.x;
             if (!(sel >> r & 1)) continue;
-            p.pred_proj[(long long)(row0 + r) * p.joint_hidden + o] = y[i] + __ldg(p.pred_b + o);
+            p.pred_proj[(long long)(row0 + r) * p.joint_hidden + o] = y[i] + biases.pred[j];
         }
         store_recurrent(p, own, p.layers - 1, y, own.pred, row0, sel);
     }
@@ -441,7 +514,7 @@ __device__ void pred_phase(const TdtParams& p, const Owned& own, const int* srs,
 // joint.out(relu(enc_proj[frame] + pred_proj[row])) for the active rows; per row, this block's
 // best label and best duration output go to partial[row][block].
 __device__ void joint_phase(const TdtParams& p, const Owned& own, const int* srs, float* stage,
-                            float* weights, float* y, float* partial) {
+                            float* weights, float* y, const Biases& biases, float* partial) {
     const int J = p.joint_hidden, quads = J / 4;
     for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK) {
         const unsigned sel = active_rows(srs, row0, p.rows);
@@ -483,7 +556,7 @@ __device__ void joint_phase(const TdtParams& p, const Owned& own, const int* srs
         int label = -1, duration = -1;  // -1: none of this block's outputs is of the kind
         for (int j = 0; j < own.joint; ++j) {
             const int o = blockIdx.x + j * gridDim.x;
-            const float v = y[j * ROW_CHUNK + r] + __ldg(p.out_b + o);
+            const float v = y[j * ROW_CHUNK + r] + biases.joint[j];
             if (o < p.n_classes) {
                 if (label < 0 || v > best_label) {
                     best_label = v;
@@ -599,25 +672,6 @@ __device__ void advance_phase(const TdtParams& p, int* srs, const float* partial
     }
 }
 
-// Per-phase timing (compile with DEC_PROFILE defined): block 0's thread 0
-// stamps %globaltimer after every phase and barrier and prints the mean per step at the end.
-#ifdef DEC_PROFILE
-#define PROFILE_SLOTS 8
-__device__ __forceinline__ unsigned long long global_ns() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-#define PROFILE_MARK(slot)                                             \
-    if (blockIdx.x == 0 && threadIdx.x == 0) {                         \
-        const unsigned long long now = global_ns();                    \
-        profile[slot] += now - profile_last;                           \
-        profile_last = now;                                            \
-    }
-#else
-#define PROFILE_MARK(slot)
-#endif
-
 extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const TdtParams p) {
     extern __shared__ float4 shared4[];
     float* stage = reinterpret_cast<float*>(shared4);
@@ -626,13 +680,17 @@ extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const
     int* srs = reinterpret_cast<int*>(stage + p.shared_row_state);
     __shared__ int any_active, any_predicting;
     const Owned own = owned(p);
+    const Biases biases = biases_at(stage + p.shared_biases, p, own);
 #ifdef DEC_PROFILE
     unsigned long long profile[PROFILE_SLOTS] = {}, profile_last = global_ns();
+    if (threadIdx.x == 0)
+        for (int i = 0; i < 9; ++i) sub_profile[i / 3][i % 3] = 0;
 #endif
 
     for (int i = threadIdx.x; i < p.rows * RS_FIELDS; i += blockDim.x) srs[i] = __ldcg(p.rs + i);
     const int first_step = __ldcg(p.ds + DS_STEPS);
     unsigned barrier = (unsigned)__ldcg(p.ds + DS_BAR_BASE);
+    load_biases(biases, p, own);
     if (p.piece_rows == 0) load_resident_weights(p, own, weights);  // ends with a block barrier
     __syncthreads();
     int step = 0;
@@ -659,12 +717,12 @@ extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const
             grid_barrier(p.ds, barrier);
             PROFILE_MARK(1);
             for (int l = 1; l < p.layers; ++l) {
-                lstm_phase(p, own, l, srs, stage, weights, y);
+                lstm_phase(p, own, l, srs, stage, weights, y, biases);
                 PROFILE_MARK(2);
                 grid_barrier(p.ds, barrier);
                 PROFILE_MARK(3);
             }
-            pred_phase(p, own, srs, stage, weights, y);
+            pred_phase(p, own, srs, stage, weights, y, biases);
             PROFILE_MARK(4);
             grid_barrier(p.ds, barrier);
             PROFILE_MARK(5);
@@ -672,7 +730,7 @@ extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const
         // Alternate halves: a block may still read step s's partials while another writes s + 1's.
         float* partial = p.partial + (long long)((first_step + step) & 1) * p.rows * gridDim.x *
                                          PARTIAL;
-        joint_phase(p, own, srs, stage, weights, y, partial);
+        joint_phase(p, own, srs, stage, weights, y, biases, partial);
         PROFILE_MARK(6);
         grid_barrier(p.ds, barrier);
         advance_phase(p, srs, partial);
@@ -685,6 +743,11 @@ extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const
                "%llu joint %llu bar+advance %llu\n",
                step, profile[0] / step, profile[1] / step, profile[2] / step, profile[3] / step,
                profile[4] / step, profile[5] / step, profile[6] / step, profile[7] / step);
+    if (blockIdx.x == 0 && threadIdx.x == 0 && step > 0)
+        printf("PROFILE_SUB steps=%d ns/step staged/products: lstm %llu %llu pred %llu %llu "
+               "joint %llu %llu\n",
+               step, sub_profile[0][0] / step, sub_profile[0][1] / step, sub_profile[1][0] / step,
+               sub_profile[1][1] / step, sub_profile[2][0] / step, sub_profile[2][1] / step);
 #endif
     if (blockIdx.x == 0) {
         for (int i = threadIdx.x; i < p.rows * RS_FIELDS; i += blockDim.x) p.rs[i] = srs[i];

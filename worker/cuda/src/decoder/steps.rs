@@ -43,7 +43,8 @@ impl DecoderDims {
 
 /// `tdt_decode`'s dynamic shared memory for a row count and grid (the `shared_*` fields of
 /// its parameters): the staged rows, the block's weight rows (all of them, resident for the
-/// launch, or two streaming buffers of `piece_rows` rows), the products, the row state.
+/// launch, or two streaming buffers of `piece_rows` rows), the products, the row state, the
+/// block's biases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct DecodeLayout {
     /// 0: every weight row the block owns stays in shared memory for the launch.
@@ -52,6 +53,7 @@ pub(crate) struct DecodeLayout {
     pub(crate) weights_at: usize,
     pub(crate) products_at: usize,
     pub(crate) row_state_at: usize,
+    pub(crate) biases_at: usize,
     pub(crate) bytes: usize,
 }
 
@@ -73,6 +75,7 @@ impl DecodeLayout {
         let joint = dims.n_out.div_ceil(grid);
         let lstm_rows = if dims.layers > 1 { 8 * units } else { 0 };
         let product_rows = lstm_rows.max(pred + 4 * units).max(joint);
+        let biases = (dims.layers - 1) * 4 * units + pred + joint;
         // The micro-tiles read rows 0..1, 0..4 or 0..16 of the stage.
         let stage_rows = match rows {
             0..=1 => 1,
@@ -84,12 +87,14 @@ impl DecodeLayout {
         let layout = |piece_rows: usize, weight_floats: usize| {
             let products_at = weights_at + weight_floats;
             let row_state_at = products_at + product_rows * ROW_CHUNK;
-            let bytes = row_state_at * 4 + rows * RS_FIELDS * 4;
+            let biases_at = row_state_at + rows * RS_FIELDS;
+            let bytes = (biases_at + biases) * 4;
             (bytes <= max_bytes).then_some(Self {
                 piece_rows,
                 weights_at,
                 products_at,
                 row_state_at,
+                biases_at,
                 bytes,
             })
         };
@@ -101,7 +106,7 @@ impl DecodeLayout {
                 return Some(resident);
             }
         }
-        let fixed = (weights_at + product_rows * ROW_CHUNK + rows * RS_FIELDS) * 4;
+        let fixed = (weights_at + product_rows * ROW_CHUNK + rows * RS_FIELDS + biases) * 4;
         let piece = piece_rows
             .unwrap_or(max_bytes.saturating_sub(fixed) / (2 * width * 4))
             .min(product_rows);
@@ -112,7 +117,7 @@ impl DecodeLayout {
     }
 }
 
-/// `TdtParams` in `decoder.cu`: 18 device addresses, then 14 ints, in this order.
+/// `TdtParams` in `decoder.cu`: 18 device addresses, then 15 ints, in this order.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 struct TdtParams {
@@ -148,6 +153,7 @@ struct TdtParams {
     shared_weights: i32,
     shared_products: i32,
     shared_row_state: i32,
+    shared_biases: i32,
 }
 
 // SAFETY: plain integers in C layout (8-byte fields first, so no padding), the layout of
@@ -256,6 +262,7 @@ impl GpuDecoder {
             shared_weights: to_i32(op, "shared_weights", layout.weights_at)?,
             shared_products: to_i32(op, "shared_products", layout.products_at)?,
             shared_row_state: to_i32(op, "shared_row_state", layout.row_state_at)?,
+            shared_biases: to_i32(op, "shared_biases", layout.biases_at)?,
         })
     }
 
@@ -372,11 +379,13 @@ mod tests {
     fn parakeet_weights_stay_resident_on_a_whole_hopper_gpu() {
         let layout = DecodeLayout::new(PARAKEET, 16, 132, HOPPER_BYTES, None).expect("fits");
         assert_eq!(layout.piece_rows, 0);
-        // Stage 16 x 640, weights (40 + 25 + 8) rows x 640, products 40 x 16, row state.
+        // Stage 16 x 640, weights (40 + 25 + 8) rows x 640, products 40 x 16, row state,
+        // biases 4 x 5 + 5 + 8.
         assert_eq!(layout.weights_at, 16 * 640);
         assert_eq!(layout.products_at, layout.weights_at + 73 * 640);
         assert_eq!(layout.row_state_at, layout.products_at + 40 * 16);
-        assert_eq!(layout.bytes, layout.row_state_at * 4 + 16 * RS_FIELDS * 4);
+        assert_eq!(layout.biases_at, layout.row_state_at + 16 * RS_FIELDS);
+        assert_eq!(layout.bytes, (layout.biases_at + 33) * 4);
         assert!(layout.bytes <= HOPPER_BYTES);
     }
 
