@@ -684,7 +684,8 @@ extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const
 #ifdef DEC_PROFILE
     unsigned long long profile[PROFILE_SLOTS] = {}, profile_last = global_ns();
     if (threadIdx.x == 0)
-        for (int i = 0; i < 9; ++i) sub_profile[i / 3][i % 3] = 0;
+        for (auto& kind : sub_profile)
+            for (auto& slot : kind) slot = 0;
 #endif
 
     for (int i = threadIdx.x; i < p.rows * RS_FIELDS; i += blockDim.x) srs[i] = __ldcg(p.rs + i);
