@@ -56,6 +56,24 @@
 #define SLICES 8      // lanes per micro-tile, splitting the inner dimension
 #define PARTIAL 4     // per block and row: best label value, its index, best duration, index
 
+// Two builds (`bf16_t`, common.cuh). f32 storage is the exact path: f32 weights and h, products
+// on the FMA units in micro-tiles. bf16 storage is the fast path of the bf16 engine: the weight
+// rows and every product input (h, the joint's relu) in bf16, products on the tensor cores
+// (mma m16n8k16, f32 accumulation); cell state, recurrent products, biases and the epilogues
+// stay f32. In shared memory a bf16 row is padded by 16 bytes so that the 8 rows an ldmatrix
+// reads fall in distinct banks.
+#ifdef CUDA_ENGINE_F32_STORAGE
+#define ROW_PAD 0
+#else
+#define ROW_PAD 8
+#define MMA_TILES 8  // 8-row tiles of weight rows per pass of mma_products
+#endif
+
+// Elements from one staged or weight row to the next in shared memory.
+__device__ __forceinline__ int row_stride(int k) {
+    return k + ROW_PAD;
+}
+
 // Per-phase timing (compile with DEC_PROFILE defined): block 0's thread 0 stamps %globaltimer
 // after every phase and barrier, and inside each product phase after its input is staged and
 // after its products, and prints the means per step at the end.
@@ -95,17 +113,17 @@ struct TdtParams {
     int* ds;                // [DS_FIELDS]
     int* tokens;            // [rows, token_capacity, 3]: (id, frame, duration)
     const float* x_table;   // [vocab + 1, 4H]: layer 0's input part W_ih x + b_ih + b_hh per label
-    const float* w_hh;      // [layers, 4H, H] (gate order i, f, g, o)
-    const float* w_ih;      // [layers - 1, 4H, H]: the layers above the first
+    const bf16_t* w_hh;     // [layers, 4H, H] (gate order i, f, g, o)
+    const bf16_t* w_ih;     // [layers - 1, 4H, H]: the layers above the first
     const float* bias;      // [layers - 1, 4H]: b_ih + b_hh of the layers above the first
-    float* h;               // [layers, rows, H]
+    bf16_t* h;              // [layers, rows, H]: in the products' input type
     float* c;               // [layers, rows, H]
     float* rec;             // [layers, rows, H, 4]: W_hh h of the current h, by unit and gate
-    const float* pred_w;    // [J, H]
+    const bf16_t* pred_w;   // [J, H]
     const float* pred_b;    // [J]
     float* pred_proj;       // [rows, J]
     const float* enc_proj;  // [frames, J]
-    const float* out_w;     // [n_out, J]
+    const bf16_t* out_w;    // [n_out, J]
     const float* out_b;     // [n_out]
     float* partial;         // [2, rows, grid, PARTIAL]: halves alternate by step
     const int* durations;   // [n_durations]
@@ -120,13 +138,15 @@ struct TdtParams {
     int token_capacity;
     int max_steps;
     int piece_rows;  // 0: the block's weight rows are resident; else rows per streaming buffer
-    // Dynamic shared memory, in floats from its start: the staged rows [stage_rows][max(H, J)]
-    // at 0, then the weight rows, the products [max phase rows][ROW_CHUNK], the row state, the
-    // block's biases (`Biases`).
+    // Dynamic shared memory, in bytes from its start: the staged rows [stage_rows][row_stride]
+    // at 0, then the weight rows (row_stride each), the products [max phase rows][ROW_CHUNK],
+    // the row state, the block's biases (`Biases`), the warps' partial products (tensor-core
+    // build only).
     int shared_weights;
     int shared_products;
     int shared_row_state;
     int shared_biases;
+    int shared_warp_sums;
 };
 
 // What this block owns: LSTM units per layer, joint.pred outputs, joint outputs.
@@ -176,21 +196,22 @@ __device__ void load_biases(const Biases& s, const TdtParams& p, const Owned& ow
     for (int j = threadIdx.x; j < own.joint; j += blockDim.x) s.joint[j] = p.out_b[b + j * G];
 }
 
-// Where this block's rows of phase (kind, layer) start among its resident weights.
+// Where this block's rows of phase (kind, layer) start among its resident weights (elements).
 __device__ __forceinline__ long long resident_offset(const TdtParams& p, const Owned& own,
                                                      int kind, int layer) {
-    const long long lstm = 8LL * own.units * p.hidden;
+    const long long lstm = 8LL * own.units * row_stride(p.hidden);
     if (kind == PH_LSTM) return (layer - 1) * lstm;
     const long long pred = (p.layers - 1) * lstm;
-    return kind == PH_PRED ? pred : pred + (long long)phase_rows(own, PH_PRED) * p.hidden;
+    return kind == PH_PRED ? pred
+                           : pred + (long long)phase_rows(own, PH_PRED) * row_stride(p.hidden);
 }
 
 // Weight row o of this block's rows of phase (kind, layer).
-__device__ const float* weight_row(const TdtParams& p, const Owned& own, int kind, int layer,
+__device__ const bf16_t* weight_row(const TdtParams& p, const Owned& own, int kind, int layer,
                                    int o) {
     const int H = p.hidden, b = blockIdx.x, G = gridDim.x;
     // Row i of the owned units' gate rows: unit i / 4, gate i % 4.
-    auto gate_row = [&](const float* w, int i) {
+    auto gate_row = [&](const bf16_t* w, int i) {
         return w + ((long long)(i % 4) * H + b + (i / 4) * G) * H;
     };
     const long long matrix = 4LL * H * H;
@@ -206,16 +227,17 @@ __device__ const float* weight_row(const TdtParams& p, const Owned& own, int kin
     return p.out_w + (long long)(b + o * G) * p.joint_hidden;
 }
 
-// Starts copying rows first .. first + n of phase (kind, layer) to dst [n][k] (cp.async): a warp
-// per row, so a row's address is worked out once.
-__device__ void copy_weight_rows(float* dst, const TdtParams& p, const Owned& own, int kind,
+// Starts copying rows first .. first + n of phase (kind, layer) to dst [n][row_stride(k)]
+// (cp.async): a warp per row, so a row's address is worked out once.
+__device__ void copy_weight_rows(bf16_t* dst, const TdtParams& p, const Owned& own, int kind,
                                  int layer, int first, int n) {
-    const int k = phase_inner(p, kind), quads = k / 4;
+    const int k = phase_inner(p, kind), packs = k / kPack;
     const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     for (int o = threadIdx.x >> 5; o < n; o += warps) {
-        const float* src = weight_row(p, own, kind, layer, first + o);
-        float* row = dst + (long long)o * k;
-        for (int q = lane; q < quads; q += 32) copy16_async(row + 4 * q, src + 4 * q, true);
+        const bf16_t* src = weight_row(p, own, kind, layer, first + o);
+        bf16_t* row = dst + (long long)o * row_stride(k);
+        for (int q = lane; q < packs; q += 32)
+            copy16_async(row + kPack * q, src + kPack * q, true);
     }
 }
 
@@ -261,16 +283,30 @@ __device__ void grid_barrier(int* ds, unsigned& target) {
     __syncthreads();
 }
 
-// Starts copying the selected rows of src ([rows, k] floats, written in this kernel: cp.async.cg
-// reads through L2) to dst ([ROW_CHUNK, k]) as one group; k % 4 == 0. Every copy is in flight at
-// once: one memory round trip, however many rows.
-__device__ void stage_rows(float* dst, const float* src, int row0, unsigned sel, int k) {
-    const int quads = k / 4;
-    for (int i = threadIdx.x; i < ROW_CHUNK * quads; i += blockDim.x) {
-        const int r = i / quads, q = i % quads;
-        if (sel >> r & 1) copy16_async(dst + 4 * i, src + (long long)(row0 + r) * k + 4 * q, true);
+// Starts copying the selected rows of src ([rows, k], written in this kernel: cp.async.cg reads
+// through L2) to dst ([ROW_CHUNK, row_stride(k)]) as one group; k % kPack == 0. Every copy is in
+// flight at once: one memory round trip, however many rows.
+__device__ void stage_rows(bf16_t* dst, const bf16_t* src, int row0, unsigned sel, int k) {
+    const int packs = k / kPack;
+    for (int i = threadIdx.x; i < ROW_CHUNK * packs; i += blockDim.x) {
+        const int r = i / packs, q = i % packs;
+        if (sel >> r & 1)
+            copy16_async(dst + r * row_stride(k) + kPack * q,
+                         src + (long long)(row0 + r) * k + kPack * q, true);
     }
     commit_copies();
+}
+
+// Stores 4 consecutive values of a staged row (8-byte aligned in the bf16 build).
+__device__ __forceinline__ void store4(bf16_t* dst, float4 v) {
+#ifdef CUDA_ENGINE_F32_STORAGE
+    *reinterpret_cast<float4*>(dst) = v;
+#else
+    auto pack = [](float lo, float hi) {
+        return (unsigned)f32_to_bf16(lo) | (unsigned)f32_to_bf16(hi) << 16;
+    };
+    *reinterpret_cast<uint2*>(dst) = make_uint2(pack(v.x, v.y), pack(v.z, v.w));
+#endif
 }
 
 // The index of the n-th set bit of `mask` (n counts from 0; the bit exists).
@@ -279,6 +315,7 @@ __device__ __forceinline__ int nth_set_bit(unsigned mask, int n) {
     return __ffs(mask) - 1;
 }
 
+#ifdef CUDA_ENGINE_F32_STORAGE
 // y[o * ROW_CHUNK + r] = sum_k w[o][k] x[r][k] for o < n and the row groups of the first RC
 // rows that hold a selected row (w: [n][k], x: [RC][k], both in shared memory). A micro-tile
 // (TILE rows of w, MR rows of x) belongs to SLICES consecutive lanes: lane s sums float4s s,
@@ -348,13 +385,109 @@ __device__ __forceinline__ void tile_products_for(const float* w, int n, const f
         tile_products<ROW_CHUNK>(w, n, x, k, sel, y);
 }
 
+// The products of the block's weight rows w [n][k] with the staged rows x: y[o * ROW_CHUNK + r]
+// for o < n and (at least) the selected rows r.
+__device__ __forceinline__ void block_products(const TdtParams&, const float* w, int n,
+                                               const float* x, int k, unsigned sel, float* y) {
+    tile_products_for(w, n, x, k, sel, y);
+}
+#else
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const bf16_t* at) {
+    const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(at));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+// d += a b on the tensor cores: a 16 x 16 (rows x k), b 16 x 8 (k x weight rows), f32 d. Not
+// volatile: registers only, so the compiler may interleave independent ones.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                         unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// y[o * ROW_CHUNK + r] = sum_k w[o][k] x[r][k] for o < n and every r < ROW_CHUNK (w: [n][k], x:
+// [ROW_CHUNK][k], bf16 rows row_stride(k) apart in shared memory; k % 16 == 0). Warp v takes
+// the 16-wide k-steps v, v + DEC_WARPS, ... in order, accumulating in f32 on the tensor cores
+// for up to MMA_TILES 8-row tiles at once; then the warps' sums are added in warp order through
+// `sums`. So a value's sum tree depends on k alone, and a row's value on that row alone (an mma
+// output row reads only its own input row): not on the other rows, the grid or the weights'
+// placement. Rows of a tile past n read row n - 1 and are not stored.
+__device__ void mma_products(const bf16_t* w, int n, const bf16_t* x, int k, float* y,
+                             float* sums) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int stride = row_stride(k), ksteps = k / 16, tiles = (n + 7) / 8;
+    constexpr int WARP_SUMS = MMA_TILES * 8 * ROW_CHUNK;
+    // ldmatrix.x4 addresses: of x, rows 0-15 at k + 0 (lanes 0-15) and + 8 (lanes 16-31), the
+    // four a registers; of w, two tiles' 8 rows at k + 0 and + 8, two b registers per tile.
+    const bf16_t* x_at = x + (lane & 15) * stride + (lane >> 4) * 8;
+    const int w_row = lane & 7, w_tile = lane >> 4, w_k = (lane >> 3 & 1) * 8;
+    for (int tile0 = 0; tile0 < tiles; tile0 += MMA_TILES) {
+        const int count = min(MMA_TILES, tiles - tile0);
+        float acc[MMA_TILES][4];
+#pragma unroll
+        for (int t = 0; t < MMA_TILES; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+        const bf16_t* w_at[MMA_TILES / 2];
+#pragma unroll
+        for (int t = 0; t < MMA_TILES; t += 2)
+            w_at[t / 2] = w + min((tile0 + t + w_tile) * 8 + w_row, n - 1) * stride + w_k;
+        for (int step = warp; step < ksteps; step += DEC_WARPS) {
+            unsigned a[4];
+            ldmatrix_x4(a, x_at + step * 16);
+#pragma unroll
+            for (int t = 0; t < MMA_TILES; t += 2) {
+                if (t < count) {
+                    unsigned b[4];
+                    ldmatrix_x4(b, w_at[t / 2] + step * 16);
+                    mma_bf16(acc[t], a, b[0], b[1]);
+                    if (t + 1 < count) mma_bf16(acc[t + 1], a, b[2], b[3]);
+                }
+            }
+        }
+        // acc[t]: rows g and g + 8, weight rows 2c and 2c + 1 of tile t (g = lane / 4, c = lane % 4).
+        float* mine = sums + warp * WARP_SUMS;
+        const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+        for (int t = 0; t < MMA_TILES; ++t) {
+            if (t < count) {
+                const int o = t * 8 + 2 * c;
+                mine[o * ROW_CHUNK + g] = acc[t][0];
+                mine[(o + 1) * ROW_CHUNK + g] = acc[t][1];
+                mine[o * ROW_CHUNK + g + 8] = acc[t][2];
+                mine[(o + 1) * ROW_CHUNK + g + 8] = acc[t][3];
+            }
+        }
+        __syncthreads();
+        const int outputs = min(count * 8, n - tile0 * 8) * ROW_CHUNK;
+        for (int i = threadIdx.x; i < outputs; i += blockDim.x) {
+            float sum = sums[i];
+#pragma unroll
+            for (int v = 1; v < DEC_WARPS; ++v) sum += sums[v * WARP_SUMS + i];
+            y[tile0 * 8 * ROW_CHUNK + i] = sum;
+        }
+        __syncthreads();  // the sums are rewritten by the next pass
+    }
+}
+
+__device__ __forceinline__ void block_products(const TdtParams& p, const bf16_t* w, int n,
+                                               const bf16_t* x, int k, unsigned, float* y) {
+    extern __shared__ float4 shared4[];
+    float* sums = reinterpret_cast<float*>(reinterpret_cast<char*>(shared4) + p.shared_warp_sums);
+    mma_products(w, n, x, k, y, sums);
+}
+#endif
+
 // The products of this block's rows of phase (kind, layer) with the staged rows `sel`:
 // y[o * ROW_CHUNK + r]. `stage_input` fills xs [ROW_CHUNK][k] (directly, or by copies it
 // commits as one group after the first streamed piece of weights, which is in flight by then).
 // Ends with a block barrier.
 template <typename Stage>
 __device__ void phase_products(const TdtParams& p, const Owned& own, int kind, int layer,
-                               float* weights, const float* xs, unsigned sel, float* y,
+                               bf16_t* weights, const bf16_t* xs, unsigned sel, float* y,
                                Stage stage_input) {
     const int n = phase_rows(own, kind), k = phase_inner(p, kind);
     const int piece = p.piece_rows;
@@ -369,12 +502,12 @@ __device__ void phase_products(const TdtParams& p, const Owned& own, int kind, i
         wait_copies<0>();
         __syncthreads();
         SUB_MARK(kind, 1);
-        tile_products_for(weights + resident_offset(p, own, kind, layer), n, xs, k, sel, y);
+        block_products(p, weights + resident_offset(p, own, kind, layer), n, xs, k, sel, y);
         __syncthreads();
         SUB_MARK(kind, 2);
         return;
     }
-    const int width = max(p.hidden, p.joint_hidden);
+    const int width = row_stride(max(p.hidden, p.joint_hidden));
     for (int first = 0, i = 0; first < n; first += piece, ++i) {
         if (first + piece < n) {
             copy_weight_rows(weights + (long long)((i + 1) & 1) * piece * width, p, own, kind,
@@ -385,14 +518,14 @@ __device__ void phase_products(const TdtParams& p, const Owned& own, int kind, i
             wait_copies<0>();
         }
         __syncthreads();
-        tile_products_for(weights + (long long)(i & 1) * piece * width, min(piece, n - first),
-                          xs, k, sel, y + first * ROW_CHUNK);
+        block_products(p, weights + (long long)(i & 1) * piece * width, min(piece, n - first), xs,
+                       k, sel, y + first * ROW_CHUNK);
         __syncthreads();  // this buffer is refilled two pieces on
     }
 }
 
 // Copies every weight row this block owns into shared memory (resident launches), waiting.
-__device__ void load_resident_weights(const TdtParams& p, const Owned& own, float* weights) {
+__device__ void load_resident_weights(const TdtParams& p, const Owned& own, bf16_t* weights) {
     for (int l = 1; l < p.layers; ++l)
         copy_weight_rows(weights + resident_offset(p, own, PH_LSTM, l), p, own, PH_LSTM, l, 0,
                          phase_rows(own, PH_LSTM));
@@ -407,10 +540,10 @@ __device__ void load_resident_weights(const TdtParams& p, const Owned& own, floa
 // One LSTM cell: gate pre-activations (i, f, g, o) and the old cell state of state element `at`
 // of a layer's c and h.
 __device__ __forceinline__ void lstm_cell(float gi, float gf, float gg, float go, float c_old,
-                                          float* c, float* h, long long at) {
+                                          float* c, bf16_t* h, long long at) {
     const float cell = sigmoid_f32(gf) * c_old + sigmoid_f32(gi) * tanhf(gg);
     c[at] = cell;
-    h[at] = sigmoid_f32(go) * tanhf(cell);
+    h[at] = f32_to_bf16(sigmoid_f32(go) * tanhf(cell));
 }
 
 // Layer 0 for the rows that predict, owned units only: table row of the label + recurrent
@@ -449,10 +582,10 @@ __device__ void store_recurrent(const TdtParams& p, const Owned& own, int layer,
 // recurrent product, then the cells of the owned units; also layer l - 1's new recurrent
 // products from the same staged h.
 __device__ void lstm_phase(const TdtParams& p, const Owned& own, int l, const int* srs,
-                           float* stage, float* weights, float* y, const Biases& biases) {
+                           bf16_t* stage, bf16_t* weights, float* y, const Biases& biases) {
     const int H = p.hidden, n = own.units * ROW_CHUNK;
     const long long layer = (long long)p.rows * H;
-    const float* h_below = p.h + (l - 1) * layer;
+    const bf16_t* h_below = p.h + (l - 1) * layer;
     const float* bias = biases.lstm + (l - 1) * 4 * own.units;
     for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK) {
         const unsigned sel = predicting_rows(srs, row0, p.rows);
@@ -493,9 +626,9 @@ __device__ void lstm_phase(const TdtParams& p, const Owned& own, int l, const in
 
 // pred_proj[row] = joint.pred(new top-layer h[row]) for the rows that predict, and the top
 // layer's new recurrent products from the same staged h.
-__device__ void pred_phase(const TdtParams& p, const Owned& own, const int* srs, float* stage,
-                           float* weights, float* y, const Biases& biases) {
-    const float* h_top = p.h + (long long)(p.layers - 1) * p.rows * p.hidden;
+__device__ void pred_phase(const TdtParams& p, const Owned& own, const int* srs, bf16_t* stage,
+                           bf16_t* weights, float* y, const Biases& biases) {
+    const bf16_t* h_top = p.h + (long long)(p.layers - 1) * p.rows * p.hidden;
     for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK) {
         const unsigned sel = predicting_rows(srs, row0, p.rows);
         if (sel == 0) continue;
@@ -513,8 +646,8 @@ __device__ void pred_phase(const TdtParams& p, const Owned& own, const int* srs,
 
 // joint.out(relu(enc_proj[frame] + pred_proj[row])) for the active rows; per row, this block's
 // best label and best duration output go to partial[row][block].
-__device__ void joint_phase(const TdtParams& p, const Owned& own, const int* srs, float* stage,
-                            float* weights, float* y, const Biases& biases, float* partial) {
+__device__ void joint_phase(const TdtParams& p, const Owned& own, const int* srs, bf16_t* stage,
+                            bf16_t* weights, float* y, const Biases& biases, float* partial) {
     const int J = p.joint_hidden, quads = J / 4;
     for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK) {
         const unsigned sel = active_rows(srs, row0, p.rows);
@@ -541,9 +674,9 @@ __device__ void joint_phase(const TdtParams& p, const Owned& own, const int* srs
                 for (int j = 0; j < STAGE_BATCH; ++j) {
                     const int i = base + j * blockDim.x, r = i / quads;
                     if (i >= total || !(sel >> r & 1)) continue;
-                    reinterpret_cast<float4*>(stage)[i] = make_float4(
-                        fmaxf(v[j].x + e[j].x, 0.0f), fmaxf(v[j].y + e[j].y, 0.0f),
-                        fmaxf(v[j].z + e[j].z, 0.0f), fmaxf(v[j].w + e[j].w, 0.0f));
+                    store4(stage + r * row_stride(J) + 4 * (i % quads),
+                           make_float4(fmaxf(v[j].x + e[j].x, 0.0f), fmaxf(v[j].y + e[j].y, 0.0f),
+                                       fmaxf(v[j].z + e[j].z, 0.0f), fmaxf(v[j].w + e[j].w, 0.0f)));
                 }
             }
         };
@@ -581,17 +714,21 @@ __device__ __forceinline__ bool beats(float value, int index, float best, int be
 }
 
 // The best label and the best duration output (indices) over every block's partials for a
-// row, in every lane. Each lane loads its blocks' partials in batches before comparing.
-__device__ int2 warp_best(const float* row_partial) {
-    constexpr int LOAD_BATCH = 4;
-    const int lane = threadIdx.x & 31, blocks = gridDim.x;
+// row, in every lane of a group of GROUP_LANES lanes (`lanes`: the group's mask). Each lane
+// loads its blocks' partials all at once (one round trip for up to GROUP_LANES * LOAD_BATCH
+// blocks) before comparing; `beats` is a total order, so the grouping does not change the
+// result.
+#define GROUP_LANES 16
+__device__ int2 group_best(const float* row_partial, unsigned lanes) {
+    constexpr int LOAD_BATCH = 9;  // 144 blocks per round trip: a whole H100 or H200
+    const int lane = threadIdx.x % GROUP_LANES, blocks = gridDim.x;
     float best[2] = {0.0f, 0.0f};
     int index[2] = {-1, -1};
-    for (int base = lane; base < blocks; base += LOAD_BATCH * 32) {
+    for (int base = lane; base < blocks; base += LOAD_BATCH * GROUP_LANES) {
         float4 v[LOAD_BATCH];
 #pragma unroll
         for (int j = 0; j < LOAD_BATCH; ++j) {
-            const int b = base + j * 32;
+            const int b = base + j * GROUP_LANES;
             v[j] = b < blocks ? __ldcg(reinterpret_cast<const float4*>(row_partial) + b)
                               : make_float4(0.0f, __int_as_float(-1), 0.0f, __int_as_float(-1));
         }
@@ -609,9 +746,9 @@ __device__ int2 warp_best(const float* row_partial) {
     }
 #pragma unroll
     for (int kind = 0; kind < 2; ++kind) {
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            const float other = __shfl_xor_sync(0xffffffffu, best[kind], offset);
-            const int other_index = __shfl_xor_sync(0xffffffffu, index[kind], offset);
+        for (int offset = GROUP_LANES / 2; offset > 0; offset >>= 1) {
+            const float other = __shfl_xor_sync(lanes, best[kind], offset);
+            const int other_index = __shfl_xor_sync(lanes, index[kind], offset);
             if (beats(other, other_index, best[kind], index[kind])) {
                 best[kind] = other;
                 index[kind] = other_index;
@@ -626,15 +763,17 @@ __device__ int2 warp_best(const float* row_partial) {
 // would exceed `token_capacity` stops emitting and is marked by RS_TOKENS = token_capacity + 1
 // (the host reports it).
 __device__ void advance_phase(const TdtParams& p, int* srs, const float* partial) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int row = warp; row < p.rows; row += DEC_WARPS) {
+    // A group of lanes per row: 24 rows in one pass.
+    const int group = threadIdx.x / GROUP_LANES, lane = threadIdx.x % GROUP_LANES;
+    const unsigned lanes = 0xffffu << (threadIdx.x & 31 & ~(GROUP_LANES - 1));
+    for (int row = group; row < p.rows; row += blockDim.x / GROUP_LANES) {
         int* s = srs + row * RS_FIELDS;
         if (!row_active(s)) {
             if (lane == 0) s[RS_NEED_PREDICT] = 0;
             continue;
         }
         const float* v = partial + (long long)row * gridDim.x * PARTIAL;
-        const int2 best = warp_best(v);
+        const int2 best = group_best(v, lanes);
         const int label = best.x;
         int duration = __ldg(p.durations + best.y);
         if (lane != 0) continue;
@@ -674,13 +813,14 @@ __device__ void advance_phase(const TdtParams& p, int* srs, const float* partial
 
 extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const TdtParams p) {
     extern __shared__ float4 shared4[];
-    float* stage = reinterpret_cast<float*>(shared4);
-    float* weights = stage + p.shared_weights;
-    float* y = stage + p.shared_products;
-    int* srs = reinterpret_cast<int*>(stage + p.shared_row_state);
+    char* shared = reinterpret_cast<char*>(shared4);
+    bf16_t* stage = reinterpret_cast<bf16_t*>(shared);
+    bf16_t* weights = reinterpret_cast<bf16_t*>(shared + p.shared_weights);
+    float* y = reinterpret_cast<float*>(shared + p.shared_products);
+    int* srs = reinterpret_cast<int*>(shared + p.shared_row_state);
     __shared__ int any_active, any_predicting;
     const Owned own = owned(p);
-    const Biases biases = biases_at(stage + p.shared_biases, p, own);
+    const Biases biases = biases_at(reinterpret_cast<float*>(shared + p.shared_biases), p, own);
 #ifdef DEC_PROFILE
     unsigned long long profile[PROFILE_SLOTS] = {}, profile_last = global_ns();
     if (threadIdx.x == 0)
@@ -765,11 +905,11 @@ extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const
 // start-of-sequence label first; rows >= batch are unused. Leaves the barrier fields of ds
 // alone (the count and its base stay consistent across launches).
 extern "C" __global__ void tdt_reset(int* rs, int* ds, const int* frames, const int* enc_rows,
-                                     int batch, int rows, int blank, float* h, float* c,
+                                     int batch, int rows, int blank, bf16_t* h, float* c,
                                      float* rec, long long state_len) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < state_len;
          i += (long long)gridDim.x * blockDim.x) {
-        h[i] = 0.0f;
+        h[i] = f32_to_bf16(0.0f);
         c[i] = 0.0f;
         reinterpret_cast<float4*>(rec)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }

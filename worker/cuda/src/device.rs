@@ -227,15 +227,16 @@ impl CudaEngine {
         Ok(usize::try_from(value).unwrap_or(0))
     }
 
-    /// Lets `kernel` (bf16 build) use as much dynamic shared memory per block as the device
-    /// allows next to its static shared memory. Returns that many bytes and how many blocks of
-    /// `threads` threads using them fit on one multiprocessor.
+    /// Lets the build of `kernel` for `storage` use as much dynamic shared memory per block as
+    /// the device allows next to its static shared memory. Returns that many bytes and how many
+    /// blocks of `threads` threads using them fit on one multiprocessor.
     pub(crate) fn allow_max_shared_bytes(
         &self,
+        storage: StorageKind,
         kernel: Kernel,
         threads: u32,
     ) -> Result<(usize, usize)> {
-        let function = &self.functions[kernel as usize];
+        let function = self.function(storage, kernel)?;
         let fixed = function
             .shared_size_bytes()
             .context(|| format!("reading the static shared memory of {}", kernel.name()))?;
@@ -263,20 +264,21 @@ impl CudaEngine {
         Ok((bytes, blocks as usize))
     }
 
-    /// Launches `kernel` (bf16 build) cooperatively: the driver starts it only if every block
-    /// can be resident at once, which grid-wide barriers inside the kernel rely on.
+    /// Launches the build of `kernel` for `storage` cooperatively: the driver starts it only if
+    /// every block can be resident at once, which grid-wide barriers inside the kernel rely on.
     ///
     /// # Safety
     ///
-    /// As for [`CudaEngine::launch`].
+    /// As for [`CudaEngine::launch_as`].
     pub(crate) unsafe fn launch_cooperative<'a>(
         &'a self,
+        storage: StorageKind,
         kernel: Kernel,
         config: LaunchConfig,
         shape: impl FnOnce() -> String,
         push: impl FnOnce(&mut LaunchArgs<'a>),
     ) -> Result<()> {
-        let mut args = self.stream.launch_builder(&self.functions[kernel as usize]);
+        let mut args = self.stream.launch_builder(self.function(storage, kernel)?);
         push(&mut args);
         // SAFETY: forwarded from this function's contract.
         unsafe { args.launch_cooperative(config) }
@@ -315,8 +317,18 @@ impl CudaEngine {
         shape: impl FnOnce() -> String,
         push: impl FnOnce(&mut LaunchArgs<'a>),
     ) -> Result<()> {
-        let function = match storage {
-            StorageKind::Bf16 => &self.functions[kernel as usize],
+        let mut args = self.stream.launch_builder(self.function(storage, kernel)?);
+        push(&mut args);
+        // SAFETY: forwarded from this function's contract.
+        unsafe { args.launch(config) }
+            .map(|_| ())
+            .map_err(launch_failed(kernel, shape))
+    }
+
+    /// The build of `kernel` for `storage`.
+    fn function(&self, storage: StorageKind, kernel: Kernel) -> Result<&CudaFunction> {
+        match storage {
+            StorageKind::Bf16 => Ok(&self.functions[kernel as usize]),
             StorageKind::F32 => self
                 .f32_storage
                 .get()
@@ -324,17 +336,11 @@ impl CudaEngine {
                 .ok_or_else(|| CudaEngineError::Shape {
                     op: kernel.name(),
                     detail: "no f32-storage build of this kernel (call \
-                             CudaEngine::load_f32_storage first; decoder and feature kernels \
-                             have none)"
+                             CudaEngine::load_f32_storage first; feature kernels and the fused \
+                             attention have none)"
                         .into(),
-                })?,
-        };
-        let mut args = self.stream.launch_builder(function);
-        push(&mut args);
-        // SAFETY: forwarded from this function's contract.
-        unsafe { args.launch(config) }
-            .map(|_| ())
-            .map_err(launch_failed(kernel, shape))
+                }),
+        }
     }
 }
 

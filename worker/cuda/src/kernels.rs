@@ -70,13 +70,10 @@ impl KernelModule {
     }
 
     /// Whether the module's kernels read or write `bf16_t` storage, so it is also built for
-    /// f32 storage. The decoder and the features are f32 throughout; the fused attention runs
-    /// bf16 tensor-core products only.
+    /// f32 storage (the decoder: its exact f32 build beside the bf16 tensor-core one). The
+    /// features are f32 throughout; the fused attention runs bf16 tensor-core products only.
     pub(crate) fn has_storage_variant(self) -> bool {
-        !matches!(
-            self,
-            KernelModule::Decoder | KernelModule::Features | KernelModule::FusedAttention
-        )
+        !matches!(self, KernelModule::Features | KernelModule::FusedAttention)
     }
 
     /// The translation unit for one storage type.

@@ -17,6 +17,7 @@ use crate::device::CudaEngine;
 use crate::encoder::{EncoderInput, GpuEncoder};
 use crate::error::Result;
 use crate::features::GpuFeatures;
+use crate::storage::StorageKind;
 use crate::weight_arena::Adoption;
 use crate::weight_share::{ShareServer, WeightShare};
 use half::bf16;
@@ -32,22 +33,30 @@ pub enum FeatureLocation {
     Device,
 }
 
-/// The encoder's storage type.
+/// The storage type of the encoder and of the decoder's products.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum EncoderPrecision {
-    /// bf16 weights and activations, fp32 accumulation and residual stream (the fast path).
+    /// bf16 weights and activations, fp32 accumulation and residual stream (the fast path);
+    /// the decoder's products also take bf16 inputs on the tensor cores (f32 accumulation and
+    /// cell state).
     #[default]
     Bf16,
-    /// f32 throughout (fp32 matmuls, never TF32): NeMo's fp32 inference up to summation order.
+    /// f32 throughout (fp32 matmuls, never TF32): NeMo's fp32 inference up to summation order,
+    /// and the exact f32 decoder.
     F32,
 }
 
 impl EncoderPrecision {
     /// The storage type's name ("bf16", "f32").
     pub fn name(self) -> &'static str {
+        self.storage().name()
+    }
+
+    /// The build of the storage-dependent kernels (the decoder's too) this precision runs.
+    pub fn storage(self) -> StorageKind {
         match self {
-            Self::Bf16 => "bf16",
-            Self::F32 => "f32",
+            Self::Bf16 => StorageKind::Bf16,
+            Self::F32 => StorageKind::F32,
         }
     }
 }
@@ -129,7 +138,11 @@ impl GpuParakeet {
             features: GpuFeatures::from_extractor(&engine, &host_features)?,
             host_features,
             encoder,
-            decoder: GpuDecoder::from_checkpoint(&engine, ckpt)?,
+            decoder: GpuDecoder::from_checkpoint(
+                &engine,
+                ckpt,
+                GpuDecoder::storage_for(&ckpt.config.decoder, precision.storage()),
+            )?,
             config: ckpt.config.clone(),
             vocabulary: ckpt.vocabulary.clone(),
             engine,

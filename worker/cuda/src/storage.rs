@@ -15,6 +15,16 @@ pub enum StorageKind {
     F32,
 }
 
+impl StorageKind {
+    /// "bf16" or "f32".
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Bf16 => "bf16",
+            Self::F32 => "f32",
+        }
+    }
+}
+
 /// An element type the encoder can store weights and activations in.
 pub trait Storage:
     DeviceRepr + ValidAsZeroBits + MatmulInput + MatmulOutput + bytemuck::Pod + Send + Sync + 'static

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use common::{engine, fixtures, Rng};
-use cuda_engine::{DecoderEnvelope, EncoderOutput, GpuDecoder};
+use cuda_engine::{DecoderEnvelope, EncoderOutput, GpuDecoder, StorageKind};
 use models::checkpoint::{Checkpoint, TensorMap};
 
 const D_MODEL: usize = 1024;
@@ -53,13 +53,20 @@ fn decoder_step_time_full_size_random_weights() -> Result<()> {
     };
     let mut rng = Rng::fresh("decoder_bench");
     let ckpt = checkpoint(&mut rng)?;
-    // The whole GPU (weights resident in shared memory where they fit), and 33 blocks: the
+    // Both builds (f32: exact; bf16: the bf16 engine's, on the tensor cores), each on the whole
+    // GPU (weights resident in shared memory where they fit) and on 33 blocks: the
     // multiprocessors of a 25 % MPS share of a 132-SM GPU (weights streamed).
-    let whole = GpuDecoder::from_checkpoint(&engine, &ckpt)?;
     let sms = engine.context_sm_count()? as usize;
-    let quarter =
-        GpuDecoder::from_checkpoint(&engine, &ckpt)?.with_layout(Some(sms.min(33)), None)?;
-    for (label, decoder) in [("whole GPU", &whole), ("33 blocks", &quarter)] {
+    let mut decoders = Vec::new();
+    for storage in [StorageKind::F32, StorageKind::Bf16] {
+        let name = storage.name();
+        let whole = GpuDecoder::from_checkpoint(&engine, &ckpt, storage)?;
+        decoders.push((format!("{name} whole GPU"), whole));
+        let quarter = GpuDecoder::from_checkpoint(&engine, &ckpt, storage)?
+            .with_layout(Some(sms.min(33)), None)?;
+        decoders.push((format!("{name} 33 blocks"), quarter));
+    }
+    for (label, decoder) in &decoders {
         decoder.warm_up(
             &engine,
             DecoderEnvelope {

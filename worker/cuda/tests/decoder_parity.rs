@@ -17,7 +17,7 @@ use anyhow::{ensure, Context, Result};
 use common::{engine, fixtures, read_wav, CLIPS, MODELS};
 use cuda_engine::{
     CudaEngine, DecoderEnvelope, EncoderOutput, EncoderPrecision, FeatureLocation, GpuDecoder,
-    GpuParakeet,
+    GpuParakeet, StorageKind,
 };
 use models::checkpoint::Checkpoint;
 use models::tdt::EncodedUtterance;
@@ -97,7 +97,7 @@ fn gpu_decoder_gives_the_cpu_decoders_and_nemos_tokens() -> Result<()> {
     for model in MODELS {
         let ckpt = Checkpoint::load(&fixtures().join(model).join("model.nemo"))?;
         let cpu = ParakeetModel::from_checkpoint(&ckpt)?;
-        let gpu = GpuDecoder::from_checkpoint(&engine, &ckpt)?;
+        let gpu = GpuDecoder::from_checkpoint(&engine, &ckpt, StorageKind::F32)?;
         let nemo = nemo_results(model)?;
         let mut encoded = Vec::new();
         for clip in CLIPS {
@@ -155,7 +155,7 @@ fn gpu_decoder_gives_the_cpu_decoders_and_nemos_tokens() -> Result<()> {
         let beyond = gpu.decode(&engine, &upload(&engine, &all)?)?;
         check("beyond-envelope batch=8", &beyond, &indices);
         // Three blocks (as on a small MPS share), weights streamed through buffers of 5 rows.
-        let streamed = GpuDecoder::from_checkpoint(&engine, &ckpt)?
+        let streamed = GpuDecoder::from_checkpoint(&engine, &ckpt, StorageKind::F32)?
             .with_layout(Some(3), Some(5))?
             .decode(&engine, &upload(&engine, &all)?)?;
         check("3 blocks, streamed, batch=8", &streamed, &indices);
@@ -286,6 +286,34 @@ fn random_decoder_checkpoint(
     })
 }
 
+/// (vocab, pred_hidden, layers, joint_hidden, batch); the last has more rows than one staged
+/// chunk of the decoding kernel (16): three chunks.
+const RANDOM_SHAPES: [(usize, usize, usize, usize, usize); 5] = [
+    (40, 32, 1, 48, 1),
+    (128, 64, 2, 64, 5),
+    (257, 96, 2, 128, 16),
+    (1024, 128, 3, 96, 11),
+    (257, 96, 2, 128, 37),
+];
+
+/// `batch` random encoder outputs: row 2 empty, the others 1 to ~120 frames.
+fn random_utterances(rng: &mut common::Rng, batch: usize, d: usize) -> Vec<EncodedUtterance> {
+    (0..batch)
+        .map(|b| {
+            let frames = if b == 2 {
+                0
+            } else {
+                1 + (rng.uniform() * 120.0) as usize
+            };
+            EncodedUtterance {
+                frames,
+                dim: d,
+                data: rng.f32_vec(frames * d, 0.0, 1.0),
+            }
+        })
+        .collect()
+}
+
 #[test]
 fn gpu_decoder_equals_cpu_decoder_on_fresh_random_weights() -> Result<()> {
     let Some(engine) = engine("decoder_random") else {
@@ -293,34 +321,11 @@ fn gpu_decoder_equals_cpu_decoder_on_fresh_random_weights() -> Result<()> {
     };
     let mut rng = common::Rng::fresh("decoder_random");
     let mut failures = Vec::new();
-    // (vocab, pred_hidden, layers, joint_hidden, batch)
-    for (vocab, hidden, layers, joint, batch) in [
-        (40, 32, 1, 48, 1),
-        (128, 64, 2, 64, 5),
-        (257, 96, 2, 128, 16),
-        (1024, 128, 3, 96, 11),
-        // More rows than one staged chunk of the decoding kernel (16): three chunks.
-        (257, 96, 2, 128, 37),
-    ] {
+    for (vocab, hidden, layers, joint, batch) in RANDOM_SHAPES {
         let ckpt = random_decoder_checkpoint(&mut rng, vocab, hidden, layers, joint)?;
         let cpu = ParakeetModel::from_checkpoint(&ckpt)?;
-        let gpu = GpuDecoder::from_checkpoint(&engine, &ckpt)?;
-        let d = ckpt.config.encoder.d_model;
-        let utterances: Vec<EncodedUtterance> = (0..batch)
-            .map(|b| {
-                // One empty utterance and lengths from 1 to ~120 frames.
-                let frames = if b == 2 {
-                    0
-                } else {
-                    1 + (rng.uniform() * 120.0) as usize
-                };
-                EncodedUtterance {
-                    frames,
-                    dim: d,
-                    data: rng.f32_vec(frames * d, 0.0, 1.0),
-                }
-            })
-            .collect();
+        let gpu = GpuDecoder::from_checkpoint(&engine, &ckpt, StorageKind::F32)?;
+        let utterances = random_utterances(&mut rng, batch, ckpt.config.encoder.d_model);
         let refs: Vec<&EncodedUtterance> = utterances.iter().collect();
         let cpu_hyps = cpu.decode(&utterances)?;
         let eager = gpu.decode(&engine, &upload(&engine, &refs)?)?;
@@ -333,7 +338,7 @@ fn gpu_decoder_equals_cpu_decoder_on_fresh_random_weights() -> Result<()> {
         )?;
         let graph = gpu.decode(&engine, &upload(&engine, &refs)?)?;
         // Three blocks (as on a small MPS share), weights streamed through buffers of 5 rows.
-        let streamed = GpuDecoder::from_checkpoint(&engine, &ckpt)?
+        let streamed = GpuDecoder::from_checkpoint(&engine, &ckpt, StorageKind::F32)?
             .with_layout(Some(3), Some(5))?
             .decode(&engine, &upload(&engine, &refs)?)?;
         let mut tokens = 0;
@@ -362,6 +367,74 @@ fn gpu_decoder_equals_cpu_decoder_on_fresh_random_weights() -> Result<()> {
                     .iter()
                     .all(|h| h[*b] == cpu_hyps[*b]))
                 .count()
+        );
+        ensure!(tokens > 0, "degenerate random decoder: no tokens");
+    }
+    ensure!(failures.is_empty(), "failures: {failures:#?}");
+    Ok(())
+}
+
+/// The bf16 decoder (tensor-core products) is not exact, but a row's tokens must not depend on
+/// anything but that row: alone or in a batch, eager or through the graph, on the whole GPU or
+/// on 3 blocks streaming their weights. Agreement with the f32 CPU decoder is reported, not
+/// required (`gpu_verify.sh` step `agreement` measures it on the full-size model).
+#[test]
+fn bf16_decoder_rows_depend_on_their_own_input_alone() -> Result<()> {
+    let Some(engine) = engine("decoder_bf16") else {
+        return Ok(());
+    };
+    let mut rng = common::Rng::fresh("decoder_bf16");
+    let mut failures = Vec::new();
+    for (vocab, hidden, layers, joint, batch) in RANDOM_SHAPES {
+        let ckpt = random_decoder_checkpoint(&mut rng, vocab, hidden, layers, joint)?;
+        let cpu = ParakeetModel::from_checkpoint(&ckpt)?;
+        let gpu = GpuDecoder::from_checkpoint(&engine, &ckpt, StorageKind::Bf16)?;
+        let utterances = random_utterances(&mut rng, batch, ckpt.config.encoder.d_model);
+        let refs: Vec<&EncodedUtterance> = utterances.iter().collect();
+        let cpu_hyps = cpu.decode(&utterances)?;
+        let eager = gpu.decode(&engine, &upload(&engine, &refs)?)?;
+        let alone = refs
+            .iter()
+            .map(|u| Ok(gpu.decode(&engine, &upload(&engine, &[*u])?)?.remove(0)))
+            .collect::<Result<Vec<_>>>()?;
+        gpu.warm_up(
+            &engine,
+            DecoderEnvelope {
+                max_batch: batch,
+                max_frames: 128,
+            },
+        )?;
+        let graph = gpu.decode(&engine, &upload(&engine, &refs)?)?;
+        let reversed_refs: Vec<&EncodedUtterance> = refs.iter().rev().copied().collect();
+        let mut reversed = gpu.decode(&engine, &upload(&engine, &reversed_refs)?)?;
+        reversed.reverse();
+        let streamed = GpuDecoder::from_checkpoint(&engine, &ckpt, StorageKind::Bf16)?
+            .with_layout(Some(3), Some(5))?
+            .decode(&engine, &upload(&engine, &refs)?)?;
+        let (mut tokens, mut same_as_cpu) = (0, 0);
+        for (b, single) in alone.iter().enumerate() {
+            tokens += single.tokens.len();
+            same_as_cpu += usize::from(*single == cpu_hyps[b]);
+            for (label, hyps) in [
+                ("eager batch", &eager),
+                ("graph batch", &graph),
+                ("reversed graph batch", &reversed),
+                ("3 blocks, streamed", &streamed),
+            ] {
+                if hyps[b] != *single {
+                    failures.push(format!(
+                        "vocab {vocab} hidden {hidden} layers {layers} joint {joint} batch \
+                         {batch} row {b} ({label}): {} / alone {}",
+                        describe(&hyps[b]),
+                        describe(single)
+                    ));
+                }
+            }
+        }
+        eprintln!(
+            "RESULT bf16 decoder random vocab={vocab} hidden={hidden} layers={layers} \
+             joint={joint} batch={batch}: {tokens} tokens, rows identical to the f32 CPU \
+             decoder {same_as_cpu}/{batch}"
         );
         ensure!(tokens > 0, "degenerate random decoder: no tokens");
     }

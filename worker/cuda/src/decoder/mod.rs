@@ -1,5 +1,9 @@
 //! Batched label-looping TDT greedy decoding entirely on the GPU.
 //!
+//! Two builds of the decoding kernel: f32 (exact: NeMo's tokens on the fixtures) and bf16
+//! (the bf16 engine's: bf16 weights and product inputs on the tensor cores, f32 accumulation
+//! and cell state).
+//!
 //! The encoder-side joint projection runs once per batch (cuBLASLt, fp32). Then one persistent
 //! cooperative kernel (`kernels/decoder.cu`) loops over the steps on the device until every row
 //! is done: each step runs the prediction network for the rows that emitted a label, the joint
@@ -24,6 +28,7 @@ use crate::encoder::EncoderOutput;
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
 use crate::matmul::MatmulSpec;
+use crate::storage::StorageKind;
 use steps::{DecodeLayout, DecoderDims, DECODE_THREADS};
 use weights::DecoderWeights;
 use workspace::{DecoderWorkspace, DS_STEPS, RS_FIELDS, RS_FRAMES, RS_TIME, RS_TOKENS};
@@ -38,6 +43,8 @@ pub struct DecoderEnvelope {
 
 pub struct GpuDecoder {
     cfg: DecoderConfig,
+    /// Which build of the decoding kernel runs, and the type of the matrices it reads.
+    storage: StorageKind,
     d_model: usize,
     weights: DecoderWeights,
     /// Blocks of the cooperative decoding kernel: one per multiprocessor this context may use.
@@ -52,21 +59,44 @@ pub struct GpuDecoder {
 }
 
 impl GpuDecoder {
-    pub fn from_checkpoint(engine: &CudaEngine, ckpt: &Checkpoint) -> Result<Self> {
+    /// The build a decoder for `cfg` runs when `wanted` is asked for: bf16 needs hidden sizes
+    /// that are multiples of 16 (the tensor cores' k-steps); other sizes get the exact f32
+    /// build.
+    pub fn storage_for(cfg: &DecoderConfig, wanted: StorageKind) -> StorageKind {
+        let bf16_fits = cfg.pred_hidden.is_multiple_of(16) && cfg.joint_hidden.is_multiple_of(16);
+        match wanted {
+            StorageKind::Bf16 if bf16_fits => StorageKind::Bf16,
+            _ => StorageKind::F32,
+        }
+    }
+
+    /// The decoder of `ckpt` in `storage`: f32 is exact (the CPU reference's choices); bf16
+    /// is the bf16 engine's, on the tensor cores.
+    pub fn from_checkpoint(
+        engine: &CudaEngine,
+        ckpt: &Checkpoint,
+        storage: StorageKind,
+    ) -> Result<Self> {
         let cfg = &ckpt.config.decoder;
         let d_model = ckpt.config.encoder.d_model;
+        // f32 rows move as float4s; bf16 products take k in steps of 16.
+        let multiple = match storage {
+            StorageKind::F32 => 4,
+            StorageKind::Bf16 => 16,
+        };
         if cfg.pred_rnn_layers == 0
             || cfg.durations.is_empty()
-            || !cfg.pred_hidden.is_multiple_of(4)
-            || !cfg.joint_hidden.is_multiple_of(4)
+            || !cfg.pred_hidden.is_multiple_of(multiple)
+            || !cfg.joint_hidden.is_multiple_of(multiple)
         {
             return Err(ModelError::InvalidConfig {
                 file: ckpt.tensors.source.clone(),
                 key: "decoder".into(),
                 problem: format!(
-                    "the GPU decoder needs at least one LSTM layer and one duration, and hidden \
-                     sizes that are multiples of 4 (float4 loads); got {} layers, {} durations, \
-                     pred_hidden {}, joint_hidden {}",
+                    "the {} GPU decoder needs at least one LSTM layer and one duration, and \
+                     hidden sizes that are multiples of {multiple}; got {} layers, {} \
+                     durations, pred_hidden {}, joint_hidden {}",
+                    storage.name(),
                     cfg.pred_rnn_layers,
                     cfg.durations.len(),
                     cfg.pred_hidden,
@@ -75,12 +105,17 @@ impl GpuDecoder {
             }
             .into());
         }
+        if storage == StorageKind::F32 {
+            engine.load_f32_storage()?;
+        }
         // One block per SM this context may use (an MPS client's share, not the device's).
         let grid = (engine.context_sm_count()? as usize).max(1);
         let (max_shared_bytes, resident) =
-            engine.allow_max_shared_bytes(Kernel::TdtDecode, DECODE_THREADS)?;
+            engine.allow_max_shared_bytes(storage, Kernel::TdtDecode, DECODE_THREADS)?;
         let dims = DecoderDims::of(cfg);
-        if resident == 0 || DecodeLayout::new(dims, 1, grid, max_shared_bytes, None).is_none() {
+        if resident == 0
+            || DecodeLayout::new(dims, storage, 1, grid, max_shared_bytes, None).is_none()
+        {
             return Err(ModelError::InvalidConfig {
                 file: ckpt.tensors.source.clone(),
                 key: "decoder.prednet.pred_hidden".into(),
@@ -94,8 +129,15 @@ impl GpuDecoder {
             .into());
         }
         Ok(Self {
-            weights: DecoderWeights::load(engine, &ckpt.tensors, &ckpt.config.encoder, cfg)?,
+            weights: DecoderWeights::load(
+                engine,
+                &ckpt.tensors,
+                &ckpt.config.encoder,
+                cfg,
+                storage,
+            )?,
             cfg: cfg.clone(),
+            storage,
             d_model,
             grid,
             max_shared_bytes,
@@ -126,6 +168,7 @@ impl GpuDecoder {
     pub(crate) fn layout(&self, rows: usize, grid: usize) -> Option<DecodeLayout> {
         DecodeLayout::new(
             DecoderDims::of(&self.cfg),
+            self.storage,
             rows,
             grid,
             self.max_shared_bytes,

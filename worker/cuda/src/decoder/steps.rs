@@ -9,6 +9,7 @@ use crate::device::{elementwise_config, CudaEngine};
 use crate::error::{CudaEngineError, DriverContext, Result};
 use crate::kernels::Kernel;
 use crate::ops::{to_i32, to_i64};
+use crate::storage::StorageKind;
 
 use super::workspace::{DecoderWorkspace, RS_FIELDS};
 use super::GpuDecoder;
@@ -18,6 +19,10 @@ use super::GpuDecoder;
 const WARPS_PER_BLOCK: usize = 12;
 const ROW_CHUNK: usize = 16;
 pub(crate) const PARTIAL: usize = 4;
+/// The bf16 build's padding of a row in shared memory (`ROW_PAD`, elements) and the weight
+/// rows one pass of its tensor-core products covers (`MMA_TILES` tiles of 8).
+const BF16_ROW_PAD: usize = 8;
+const MMA_PASS_ROWS: usize = 8 * 8;
 pub(crate) const DECODE_THREADS: u32 = (WARPS_PER_BLOCK * 32) as u32;
 
 /// The decoder's sizes that shape `tdt_decode`'s shared memory.
@@ -41,19 +46,20 @@ impl DecoderDims {
     }
 }
 
-/// `tdt_decode`'s dynamic shared memory for a row count and grid (the `shared_*` fields of
-/// its parameters): the staged rows, the block's weight rows (all of them, resident for the
-/// launch, or two streaming buffers of `piece_rows` rows), the products, the row state, the
-/// block's biases.
+/// `tdt_decode`'s dynamic shared memory for a build, row count and grid (the `shared_*`
+/// fields of its parameters): the staged rows, the block's weight rows (all of them, resident
+/// for the launch, or two streaming buffers of `piece_rows` rows), the products, the row state,
+/// the block's biases, and in the bf16 build the warps' partial products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct DecodeLayout {
     /// 0: every weight row the block owns stays in shared memory for the launch.
     pub(crate) piece_rows: usize,
-    /// Offsets in floats from the start of the dynamic shared memory.
+    /// Offsets in bytes from the start of the dynamic shared memory.
     pub(crate) weights_at: usize,
     pub(crate) products_at: usize,
     pub(crate) row_state_at: usize,
     pub(crate) biases_at: usize,
+    pub(crate) warp_sums_at: usize,
     pub(crate) bytes: usize,
 }
 
@@ -63,6 +69,7 @@ impl DecodeLayout {
     /// even one row per buffer fits.
     pub(crate) fn new(
         dims: DecoderDims,
+        storage: StorageKind,
         rows: usize,
         grid: usize,
         max_bytes: usize,
@@ -76,39 +83,56 @@ impl DecodeLayout {
         let lstm_rows = if dims.layers > 1 { 8 * units } else { 0 };
         let product_rows = lstm_rows.max(pred + 4 * units).max(joint);
         let biases = (dims.layers - 1) * 4 * units + pred + joint;
-        // The micro-tiles read rows 0..1, 0..4 or 0..16 of the stage.
-        let stage_rows = match rows {
-            0..=1 => 1,
-            2..=4 => 4,
-            _ => ROW_CHUNK,
+        // Bytes of one row of k values in shared memory (a multiple of 16), staged rows, bytes
+        // of the warps' partial products.
+        let (elem_bytes, row_pad) = match storage {
+            StorageKind::F32 => (4, 0),
+            StorageKind::Bf16 => (2, BF16_ROW_PAD),
         };
-        let width = dims.hidden.max(dims.joint_hidden);
+        let row_bytes = |k: usize| (k + row_pad) * elem_bytes;
+        let (stage_rows, warp_sums) = match storage {
+            // The micro-tiles read rows 0..1, 0..4 or 0..16 of the stage.
+            StorageKind::F32 => match rows {
+                0..=1 => (1, 0),
+                2..=4 => (4, 0),
+                _ => (ROW_CHUNK, 0),
+            },
+            // The mma tiles read all 16 rows; every warp keeps a pass's sums.
+            StorageKind::Bf16 => (ROW_CHUNK, WARPS_PER_BLOCK * MMA_PASS_ROWS * ROW_CHUNK * 4),
+        };
+        let width = row_bytes(dims.hidden.max(dims.joint_hidden));
         let weights_at = stage_rows * width;
-        let layout = |piece_rows: usize, weight_floats: usize| {
-            let products_at = weights_at + weight_floats;
-            let row_state_at = products_at + product_rows * ROW_CHUNK;
-            let biases_at = row_state_at + rows * RS_FIELDS;
-            let bytes = (biases_at + biases) * 4;
+        let layout = |piece_rows: usize, weight_bytes: usize| {
+            let products_at = weights_at + weight_bytes;
+            let row_state_at = products_at + product_rows * ROW_CHUNK * 4;
+            let biases_at = row_state_at + rows * RS_FIELDS * 4;
+            let warp_sums_at = (biases_at + biases * 4).next_multiple_of(16);
+            let bytes = warp_sums_at + warp_sums;
             (bytes <= max_bytes).then_some(Self {
                 piece_rows,
                 weights_at,
                 products_at,
                 row_state_at,
                 biases_at,
+                warp_sums_at,
                 bytes,
             })
         };
-        let resident_floats = (dims.layers - 1) * 8 * units * dims.hidden
-            + (pred + 4 * units) * dims.hidden
-            + joint * dims.joint_hidden;
+        let resident_bytes = (dims.layers - 1) * 8 * units * row_bytes(dims.hidden)
+            + (pred + 4 * units) * row_bytes(dims.hidden)
+            + joint * row_bytes(dims.joint_hidden);
         if piece_rows.is_none() {
-            if let Some(resident) = layout(0, resident_floats) {
+            if let Some(resident) = layout(0, resident_bytes) {
                 return Some(resident);
             }
         }
-        let fixed = (weights_at + product_rows * ROW_CHUNK + rows * RS_FIELDS + biases) * 4;
+        let fixed = weights_at
+            + product_rows * ROW_CHUNK * 4
+            + (rows * RS_FIELDS + biases) * 4
+            + 16
+            + warp_sums;
         let piece = piece_rows
-            .unwrap_or(max_bytes.saturating_sub(fixed) / (2 * width * 4))
+            .unwrap_or(max_bytes.saturating_sub(fixed) / (2 * width))
             .min(product_rows);
         if piece == 0 {
             return None;
@@ -117,7 +141,7 @@ impl DecodeLayout {
     }
 }
 
-/// `TdtParams` in `decoder.cu`: 18 device addresses, then 15 ints, in this order.
+/// `TdtParams` in `decoder.cu`: 18 device addresses, then 16 ints, in this order.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 struct TdtParams {
@@ -154,6 +178,7 @@ struct TdtParams {
     shared_products: i32,
     shared_row_state: i32,
     shared_biases: i32,
+    shared_warp_sums: i32,
 }
 
 // SAFETY: plain integers in C layout (8-byte fields first, so no padding), the layout of
@@ -192,11 +217,13 @@ impl GpuDecoder {
         let (batch, rows) = (to_i32(op, "batch", batch)?, to_i32(op, "rows", ws.rows)?);
         let blank = to_i32(op, "blank", self.blank())?;
         let state = to_i64(op, "state", state_len)?;
-        // SAFETY: the arguments follow tdt_reset's signature; h/c hold `state_len` floats and
-        // rec 4 * `state_len`, ds DS_FIELDS ints, and rs/frames/enc_rows hold `ws.rows` rows
+        // SAFETY: the arguments follow tdt_reset's signature; h/c hold `state_len` floats (h
+        // takes `state_len` values of the storage type, at most 4 bytes each) and rec
+        // 4 * `state_len`, ds DS_FIELDS ints, and rs/frames/enc_rows hold `ws.rows` rows
         // (workspace invariants).
         unsafe {
-            engine.launch(
+            engine.launch_as(
+                self.storage,
                 Kernel::TdtReset,
                 elementwise_config(state_len.max(ws.rows)),
                 || format!("rows={rows}"),
@@ -228,23 +255,24 @@ impl GpuDecoder {
         let stream = engine.stream();
         let w = &self.weights;
         let addr = |s: &cudarc::driver::CudaSlice<f32>| s.device_ptr(stream).0;
+        let matrix = |m: &super::weights::KernelMatrix| m.address(stream);
         let p = &ws.ptr;
         Ok(TdtParams {
             rs: p.rs,
             ds: p.ds,
             tokens: p.tokens,
             x_table: addr(&w.lstm.x_table),
-            w_hh: addr(&w.lstm.w_hh),
-            w_ih: addr(&w.lstm.w_ih),
+            w_hh: matrix(&w.lstm.w_hh),
+            w_ih: matrix(&w.lstm.w_ih),
             bias: addr(&w.lstm.bias),
             h: p.h,
             c: p.c,
             rec: p.rec,
-            pred_w: addr(&w.pred.weight),
+            pred_w: matrix(&w.pred.weight),
             pred_b: addr(&w.pred.bias),
             pred_proj: p.pred_proj,
             enc_proj: p.enc_proj,
-            out_w: addr(&w.out.weight),
+            out_w: matrix(&w.out.weight),
             out_b: addr(&w.out.bias),
             partial: p.partial,
             durations: w.durations.device_ptr(stream).0,
@@ -263,6 +291,7 @@ impl GpuDecoder {
             shared_products: to_i32(op, "shared_products", layout.products_at)?,
             shared_row_state: to_i32(op, "shared_row_state", layout.row_state_at)?,
             shared_biases: to_i32(op, "shared_biases", layout.biases_at)?,
+            shared_warp_sums: to_i32(op, "shared_warp_sums", layout.warp_sums_at)?,
         })
     }
 
@@ -305,7 +334,7 @@ impl GpuDecoder {
         // the layout's for this grid and row count, within the size allowed at load; the
         // cooperative launch guarantees the co-residency its barrier needs.
         unsafe {
-            engine.launch_cooperative(Kernel::TdtDecode, config, shape, |args| {
+            engine.launch_cooperative(self.storage, Kernel::TdtDecode, config, shape, |args| {
                 args.arg(&params);
             })
         }
@@ -377,30 +406,62 @@ mod tests {
 
     #[test]
     fn parakeet_weights_stay_resident_on_a_whole_hopper_gpu() {
-        let layout = DecodeLayout::new(PARAKEET, 16, 132, HOPPER_BYTES, None).expect("fits");
+        let layout = DecodeLayout::new(PARAKEET, StorageKind::F32, 16, 132, HOPPER_BYTES, None)
+            .expect("fits");
         assert_eq!(layout.piece_rows, 0);
         // Stage 16 x 640, weights (40 + 25 + 8) rows x 640, products 40 x 16, row state,
-        // biases 4 x 5 + 5 + 8.
-        assert_eq!(layout.weights_at, 16 * 640);
-        assert_eq!(layout.products_at, layout.weights_at + 73 * 640);
-        assert_eq!(layout.row_state_at, layout.products_at + 40 * 16);
-        assert_eq!(layout.biases_at, layout.row_state_at + 16 * RS_FIELDS);
-        assert_eq!(layout.bytes, (layout.biases_at + 33) * 4);
+        // biases 4 x 5 + 5 + 8; f32, no padding, no warp sums.
+        assert_eq!(layout.weights_at, 16 * 640 * 4);
+        assert_eq!(layout.products_at, layout.weights_at + 73 * 640 * 4);
+        assert_eq!(layout.row_state_at, layout.products_at + 40 * 16 * 4);
+        assert_eq!(layout.biases_at, layout.row_state_at + 16 * RS_FIELDS * 4);
+        assert_eq!(layout.warp_sums_at, layout.biases_at + 33 * 4 + 12);
+        assert_eq!(layout.bytes, layout.warp_sums_at);
         assert!(layout.bytes <= HOPPER_BYTES);
     }
 
     #[test]
+    fn the_bf16_build_pads_its_rows_and_keeps_the_warp_sums() {
+        let layout = DecodeLayout::new(PARAKEET, StorageKind::Bf16, 1, 132, HOPPER_BYTES, None)
+            .expect("fits");
+        assert_eq!(layout.piece_rows, 0);
+        // Rows of 640 bf16 + 8 of padding; the stage always holds 16 rows.
+        let row = 648 * 2;
+        assert_eq!(layout.weights_at, 16 * row);
+        assert_eq!(layout.products_at, layout.weights_at + 73 * row);
+        assert_eq!(layout.warp_sums_at % 16, 0);
+        assert_eq!(layout.bytes, layout.warp_sums_at + 12 * 64 * 16 * 4);
+        assert!(layout.bytes <= HOPPER_BYTES);
+        let streamed = DecodeLayout::new(PARAKEET, StorageKind::Bf16, 16, 33, HOPPER_BYTES, None)
+            .expect("fits");
+        assert!(streamed.piece_rows > 0 && streamed.piece_rows <= 160);
+        assert_eq!(
+            streamed.products_at,
+            streamed.weights_at + 2 * streamed.piece_rows * row
+        );
+        assert!(streamed.bytes <= HOPPER_BYTES);
+    }
+
+    #[test]
     fn a_quarter_of_the_gpu_streams_the_weights_in_two_buffers() {
-        let layout = DecodeLayout::new(PARAKEET, 16, 33, HOPPER_BYTES, None).expect("fits");
+        let layout = DecodeLayout::new(PARAKEET, StorageKind::F32, 16, 33, HOPPER_BYTES, None)
+            .expect("fits");
         // 20 units, 20 joint.pred outputs, 32 joint outputs per block: 160 LSTM rows at most.
         assert!(layout.piece_rows > 0 && layout.piece_rows <= 160);
         assert_eq!(
             layout.products_at,
-            layout.weights_at + 2 * layout.piece_rows * 640
+            layout.weights_at + 2 * layout.piece_rows * 640 * 4
         );
         assert!(layout.bytes <= HOPPER_BYTES);
-        let more =
-            DecodeLayout::new(PARAKEET, 16, 33, HOPPER_BYTES + 2 * 640 * 4, None).expect("fits");
+        let more = DecodeLayout::new(
+            PARAKEET,
+            StorageKind::F32,
+            16,
+            33,
+            HOPPER_BYTES + 2 * 640 * 4,
+            None,
+        )
+        .expect("fits");
         assert_eq!(
             more.piece_rows,
             layout.piece_rows + 1,
@@ -410,14 +471,17 @@ mod tests {
 
     #[test]
     fn streaming_can_be_forced_and_an_impossible_fit_is_none() {
-        let forced = DecodeLayout::new(PARAKEET, 16, 132, HOPPER_BYTES, Some(7)).expect("fits");
+        let f32_layout = |rows, bytes, piece| {
+            DecodeLayout::new(PARAKEET, StorageKind::F32, rows, 132, bytes, piece)
+        };
+        let forced = f32_layout(16, HOPPER_BYTES, Some(7)).expect("fits");
         assert_eq!(forced.piece_rows, 7);
         // One row per buffer is the least; the stage alone needs 16 x 640 floats.
-        assert!(DecodeLayout::new(PARAKEET, 16, 132, 16 * 640 * 4, None).is_none());
+        assert!(f32_layout(16, 16 * 640 * 4, None).is_none());
         // Small row counts stage 1 or 4 rows.
-        let one = DecodeLayout::new(PARAKEET, 1, 132, HOPPER_BYTES, None).expect("fits");
-        assert_eq!(one.weights_at, 640);
-        let three = DecodeLayout::new(PARAKEET, 3, 132, HOPPER_BYTES, None).expect("fits");
-        assert_eq!(three.weights_at, 4 * 640);
+        let one = f32_layout(1, HOPPER_BYTES, None).expect("fits");
+        assert_eq!(one.weights_at, 640 * 4);
+        let three = f32_layout(3, HOPPER_BYTES, None).expect("fits");
+        assert_eq!(three.weights_at, 4 * 640 * 4);
     }
 }

@@ -1,8 +1,11 @@
-//! The prediction and joint networks on the device, in f32: they are small, and f32 keeps the
-//! decoder's choices those of the CPU reference even where two logits are a hair apart. The
-//! encoder-side joint projection runs once per batch through cuBLASLt (fp32 operands).
+//! The prediction and joint networks on the device. The matrices the decoding kernel multiplies
+//! are in its build's storage type: f32 for the exact decoder (its choices are the CPU
+//! reference's even where two logits are a hair apart), bf16 for the bf16 engine's (rounded to
+//! nearest even once, at load). Biases and the per-label table stay f32. The encoder-side joint
+//! projection runs once per batch through cuBLASLt (fp32 operands).
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use half::bf16;
 use models::checkpoint::TensorMap;
 use models::config::{DecoderConfig, EncoderConfig};
 use models::ModelError;
@@ -10,6 +13,32 @@ use models::ModelError;
 use crate::device::CudaEngine;
 use crate::error::Result;
 use crate::matmul::MatmulSpec;
+use crate::storage::StorageKind;
+
+/// A matrix the decoding kernel reads, in the storage type of the kernel build that reads it.
+pub(crate) enum KernelMatrix {
+    F32(CudaSlice<f32>),
+    Bf16(CudaSlice<bf16>),
+}
+
+impl KernelMatrix {
+    fn upload(engine: &CudaEngine, storage: StorageKind, data: &[f32]) -> Result<Self> {
+        Ok(match storage {
+            StorageKind::F32 => Self::F32(engine.upload(data)?),
+            StorageKind::Bf16 => {
+                let rounded: Vec<bf16> = data.iter().map(|v| bf16::from_f32(*v)).collect();
+                Self::Bf16(engine.upload(&rounded)?)
+            }
+        })
+    }
+
+    pub(crate) fn address(&self, stream: &CudaStream) -> u64 {
+        match self {
+            Self::F32(m) => m.device_ptr(stream).0,
+            Self::Bf16(m) => m.device_ptr(stream).0,
+        }
+    }
+}
 
 /// The LSTM layers, stacked so one kernel argument addresses every layer (gate order i, f, g,
 /// o). Layer 0's input product depends only on the label fed, so it is tabulated per label at
@@ -18,42 +47,45 @@ pub(crate) struct LstmWeights {
     /// `[vocab + 1, 4H]`: `W_ih x + b_ih + b_hh` of layer 0 for every label's embedding `x`.
     pub(crate) x_table: CudaSlice<f32>,
     /// `[layers, 4H, H]`.
-    pub(crate) w_hh: CudaSlice<f32>,
-    /// `[layers - 1, 4H, H]`: the layers above the first (one unused float when there are none).
-    pub(crate) w_ih: CudaSlice<f32>,
+    pub(crate) w_hh: KernelMatrix,
+    /// `[layers - 1, 4H, H]`: the layers above the first (one unused value when there are none).
+    pub(crate) w_ih: KernelMatrix,
     /// `[layers - 1, 4H]`: `b_ih + b_hh` of the layers above the first.
     pub(crate) bias: CudaSlice<f32>,
 }
 
-/// A Linear layer in f32: `[out, in]` weight, bias (zeros when the checkpoint has none).
-pub(crate) struct LinearF32 {
-    pub(crate) weight: CudaSlice<f32>,
+/// A Linear layer: `[out, in]` weight (`CudaSlice<f32>` or a [`KernelMatrix`]), f32 bias (zeros
+/// when the checkpoint has none).
+pub(crate) struct Linear<W> {
+    pub(crate) weight: W,
     pub(crate) bias: CudaSlice<f32>,
 }
 
 pub(crate) struct DecoderWeights {
     pub(crate) lstm: LstmWeights,
     /// `joint.pred`: `[J, H]`.
-    pub(crate) pred: LinearF32,
-    /// `joint.enc`: `[J, d_model]`, applied to every encoder frame at once.
-    pub(crate) enc: LinearF32,
+    pub(crate) pred: Linear<KernelMatrix>,
+    /// `joint.enc`: `[J, d_model]` in f32, applied to every encoder frame at once.
+    pub(crate) enc: Linear<CudaSlice<f32>>,
     /// The joint's output Linear: `[vocab + 1 + durations, J]`.
-    pub(crate) out: LinearF32,
+    pub(crate) out: Linear<KernelMatrix>,
     /// `decoding.durations` as kernel ints.
     pub(crate) durations: CudaSlice<i32>,
 }
 
 impl DecoderWeights {
+    /// The weights for the decoding kernel's build for `storage`.
     pub(crate) fn load(
         engine: &CudaEngine,
         tensors: &TensorMap,
         enc_cfg: &EncoderConfig,
         cfg: &DecoderConfig,
+        storage: StorageKind,
     ) -> Result<Self> {
         let h = cfg.pred_hidden;
         let j = cfg.joint_hidden;
         let n_out = cfg.vocab_size + 1 + cfg.durations.len();
-        let lstm = LstmWeights::load(engine, tensors, cfg)?;
+        let lstm = LstmWeights::load(engine, tensors, cfg, storage)?;
         let out_prefix = tensors.require_joint_output_prefix()?;
         let durations: Vec<i32> = cfg
             .durations
@@ -65,18 +97,26 @@ impl DecoderWeights {
                 key: "decoding.durations".into(),
                 problem: "durations must fit 32-bit integers".into(),
             })?;
+        let matrix = |data: &[f32]| KernelMatrix::upload(engine, storage, data);
         Ok(Self {
             lstm,
-            pred: LinearF32::load(engine, tensors, "joint.pred", h, j)?,
-            enc: LinearF32::load(engine, tensors, "joint.enc", enc_cfg.d_model, j)?,
-            out: LinearF32::load(engine, tensors, &out_prefix, j, n_out)?,
+            pred: Linear::load(engine, tensors, "joint.pred", h, j, matrix)?,
+            enc: Linear::load(engine, tensors, "joint.enc", enc_cfg.d_model, j, |data| {
+                engine.upload(data)
+            })?,
+            out: Linear::load(engine, tensors, &out_prefix, j, n_out, matrix)?,
             durations: engine.upload(&durations)?,
         })
     }
 }
 
 impl LstmWeights {
-    fn load(engine: &CudaEngine, tensors: &TensorMap, cfg: &DecoderConfig) -> Result<Self> {
+    fn load(
+        engine: &CudaEngine,
+        tensors: &TensorMap,
+        cfg: &DecoderConfig,
+        storage: StorageKind,
+    ) -> Result<Self> {
         let h = cfg.pred_hidden;
         let labels = cfg.vocab_size + 1;
         let name = |what: &str, l: usize| format!("decoder.prediction.dec_rnn.lstm.{what}_l{l}");
@@ -122,20 +162,21 @@ impl LstmWeights {
         )?;
         Ok(Self {
             x_table,
-            w_hh: engine.upload(&w_hh)?,
-            w_ih: engine.upload(&w_ih)?,
+            w_hh: KernelMatrix::upload(engine, storage, &w_hh)?,
+            w_ih: KernelMatrix::upload(engine, storage, &w_ih)?,
             bias: engine.upload(&upper_bias)?,
         })
     }
 }
 
-impl LinearF32 {
+impl<W> Linear<W> {
     fn load(
         engine: &CudaEngine,
         tensors: &TensorMap,
         prefix: &str,
         in_dim: usize,
         out_dim: usize,
+        upload_weight: impl FnOnce(&[f32]) -> Result<W>,
     ) -> Result<Self> {
         let weight = tensors.get(&format!("{prefix}.weight"), &[out_dim, in_dim])?;
         let bias = match tensors.get_optional(&format!("{prefix}.bias"), &[out_dim])? {
@@ -143,7 +184,7 @@ impl LinearF32 {
             None => vec![0.0; out_dim],
         };
         Ok(Self {
-            weight: engine.upload(&weight.data)?,
+            weight: upload_weight(&weight.data)?,
             bias: engine.upload(&bias)?,
         })
     }

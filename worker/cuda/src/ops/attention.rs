@@ -370,8 +370,11 @@ impl CudaEngine {
         let allowed = match self.fused_attention_shared.get() {
             Some(&bytes) => bytes,
             None => {
-                let (bytes, _) =
-                    self.allow_max_shared_bytes(Kernel::RelPosAttention, FUSED_THREADS)?;
+                let (bytes, _) = self.allow_max_shared_bytes(
+                    StorageKind::Bf16,
+                    Kernel::RelPosAttention,
+                    FUSED_THREADS,
+                )?;
                 *self.fused_attention_shared.get_or_init(|| bytes)
             }
         };
