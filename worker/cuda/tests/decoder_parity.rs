@@ -314,64 +314,111 @@ fn random_utterances(rng: &mut common::Rng, batch: usize, d: usize) -> Vec<Encod
         .collect()
 }
 
-#[test]
-fn gpu_decoder_equals_cpu_decoder_on_fresh_random_weights() -> Result<()> {
-    let Some(engine) = engine("decoder_random") else {
+/// A batch's hypotheses, labelled by how they were decoded.
+type LabelledDecodes = Vec<(&'static str, Vec<Hypothesis>)>;
+
+/// A batch decoded three ways, each labelled: eager (before any warm-up), through the graph of a
+/// warm-up envelope that holds it, and on 3 blocks (as on a small MPS share) streaming the
+/// weights through buffers of 5 rows. Returns them with the warm decoder.
+fn decode_three_ways(
+    engine: &CudaEngine,
+    ckpt: &Checkpoint,
+    storage: StorageKind,
+    refs: &[&EncodedUtterance],
+) -> Result<(GpuDecoder, LabelledDecodes)> {
+    let gpu = GpuDecoder::from_checkpoint(engine, ckpt, storage)?;
+    let eager = gpu.decode(engine, &upload(engine, refs)?)?;
+    gpu.warm_up(
+        engine,
+        DecoderEnvelope {
+            max_batch: refs.len(),
+            max_frames: 128,
+        },
+    )?;
+    let graph = gpu.decode(engine, &upload(engine, refs)?)?;
+    let streamed = GpuDecoder::from_checkpoint(engine, ckpt, storage)?
+        .with_layout(Some(3), Some(5))?
+        .decode(engine, &upload(engine, refs)?)?;
+    Ok((
+        gpu,
+        vec![
+            ("eager", eager),
+            ("graph", graph),
+            ("3 blocks, streamed", streamed),
+        ],
+    ))
+}
+
+/// Runs `check` on one fresh random decoder of each of RANDOM_SHAPES, with a random batch and
+/// the CPU decoder's hypotheses for it; `check` returns its failures.
+fn for_each_random_decoder(
+    test: &str,
+    mut check: impl FnMut(RandomCase) -> Result<Vec<String>>,
+) -> Result<()> {
+    let Some(engine) = engine(test) else {
         return Ok(());
     };
-    let mut rng = common::Rng::fresh("decoder_random");
+    let mut rng = common::Rng::fresh(test);
     let mut failures = Vec::new();
     for (vocab, hidden, layers, joint, batch) in RANDOM_SHAPES {
         let ckpt = random_decoder_checkpoint(&mut rng, vocab, hidden, layers, joint)?;
         let cpu = ParakeetModel::from_checkpoint(&ckpt)?;
-        let gpu = GpuDecoder::from_checkpoint(&engine, &ckpt, StorageKind::F32)?;
         let utterances = random_utterances(&mut rng, batch, ckpt.config.encoder.d_model);
         let refs: Vec<&EncodedUtterance> = utterances.iter().collect();
         let cpu_hyps = cpu.decode(&utterances)?;
-        let eager = gpu.decode(&engine, &upload(&engine, &refs)?)?;
-        gpu.warm_up(
-            &engine,
-            DecoderEnvelope {
-                max_batch: batch,
-                max_frames: 128,
-            },
-        )?;
-        let graph = gpu.decode(&engine, &upload(&engine, &refs)?)?;
-        // Three blocks (as on a small MPS share), weights streamed through buffers of 5 rows.
-        let streamed = GpuDecoder::from_checkpoint(&engine, &ckpt, StorageKind::F32)?
-            .with_layout(Some(3), Some(5))?
-            .decode(&engine, &upload(&engine, &refs)?)?;
+        failures.extend(check(RandomCase {
+            engine: &engine,
+            ckpt: &ckpt,
+            refs: &refs,
+            cpu_hyps: &cpu_hyps,
+            shape: format!(
+                "vocab={vocab} hidden={hidden} layers={layers} joint={joint} batch={batch}"
+            ),
+        })?);
+    }
+    ensure!(failures.is_empty(), "failures: {failures:#?}");
+    Ok(())
+}
+
+/// One random decoder and batch of [`for_each_random_decoder`].
+struct RandomCase<'a> {
+    engine: &'a CudaEngine,
+    ckpt: &'a Checkpoint,
+    refs: &'a [&'a EncodedUtterance],
+    cpu_hyps: &'a [Hypothesis],
+    shape: String,
+}
+
+#[test]
+fn gpu_decoder_equals_cpu_decoder_on_fresh_random_weights() -> Result<()> {
+    for_each_random_decoder("decoder_random", |case| {
+        let (_, ways) = decode_three_ways(case.engine, case.ckpt, StorageKind::F32, case.refs)?;
+        let mut failures = Vec::new();
         let mut tokens = 0;
-        for (b, c) in cpu_hyps.iter().enumerate() {
+        for (b, c) in case.cpu_hyps.iter().enumerate() {
             tokens += c.tokens.len();
-            for (label, hyps) in [
-                ("eager", &eager),
-                ("graph", &graph),
-                ("3 blocks, streamed", &streamed),
-            ] {
+            for (label, hyps) in &ways {
                 if hyps[b] != *c {
                     failures.push(format!(
-                        "vocab {vocab} hidden {hidden} layers {layers} joint {joint} batch \
-                         {batch} row {b} ({label}): gpu {} / cpu {}",
+                        "{} row {b} ({label}): gpu {} / cpu {}",
+                        case.shape,
                         describe(&hyps[b]),
                         describe(c)
                     ));
                 }
             }
         }
+        let identical = (0..case.refs.len())
+            .filter(|b| ways.iter().all(|(_, h)| h[*b] == case.cpu_hyps[*b]))
+            .count();
         eprintln!(
-            "RESULT decoder random vocab={vocab} hidden={hidden} layers={layers} joint={joint} \
-             batch={batch}: {tokens} tokens, identical rows {}/{batch}",
-            (0..batch)
-                .filter(|b| [&eager, &graph, &streamed]
-                    .iter()
-                    .all(|h| h[*b] == cpu_hyps[*b]))
-                .count()
+            "RESULT decoder random {}: {tokens} tokens, identical rows {identical}/{}",
+            case.shape,
+            case.refs.len()
         );
         ensure!(tokens > 0, "degenerate random decoder: no tokens");
-    }
-    ensure!(failures.is_empty(), "failures: {failures:#?}");
-    Ok(())
+        Ok(failures)
+    })
 }
 
 /// The bf16 decoder (tensor-core products) is not exact, but a row's tokens must not depend on
@@ -380,51 +427,28 @@ fn gpu_decoder_equals_cpu_decoder_on_fresh_random_weights() -> Result<()> {
 /// required (`gpu_verify.sh` step `agreement` measures it on the full-size model).
 #[test]
 fn bf16_decoder_rows_depend_on_their_own_input_alone() -> Result<()> {
-    let Some(engine) = engine("decoder_bf16") else {
-        return Ok(());
-    };
-    let mut rng = common::Rng::fresh("decoder_bf16");
-    let mut failures = Vec::new();
-    for (vocab, hidden, layers, joint, batch) in RANDOM_SHAPES {
-        let ckpt = random_decoder_checkpoint(&mut rng, vocab, hidden, layers, joint)?;
-        let cpu = ParakeetModel::from_checkpoint(&ckpt)?;
-        let gpu = GpuDecoder::from_checkpoint(&engine, &ckpt, StorageKind::Bf16)?;
-        let utterances = random_utterances(&mut rng, batch, ckpt.config.encoder.d_model);
-        let refs: Vec<&EncodedUtterance> = utterances.iter().collect();
-        let cpu_hyps = cpu.decode(&utterances)?;
-        let eager = gpu.decode(&engine, &upload(&engine, &refs)?)?;
+    for_each_random_decoder("decoder_bf16", |case| {
+        let (engine, refs) = (case.engine, case.refs);
+        let (gpu, mut ways) = decode_three_ways(engine, case.ckpt, StorageKind::Bf16, refs)?;
+        // Each row alone and the batch reversed, through the graph.
         let alone = refs
             .iter()
-            .map(|u| Ok(gpu.decode(&engine, &upload(&engine, &[*u])?)?.remove(0)))
+            .map(|u| Ok(gpu.decode(engine, &upload(engine, &[*u])?)?.remove(0)))
             .collect::<Result<Vec<_>>>()?;
-        gpu.warm_up(
-            &engine,
-            DecoderEnvelope {
-                max_batch: batch,
-                max_frames: 128,
-            },
-        )?;
-        let graph = gpu.decode(&engine, &upload(&engine, &refs)?)?;
         let reversed_refs: Vec<&EncodedUtterance> = refs.iter().rev().copied().collect();
-        let mut reversed = gpu.decode(&engine, &upload(&engine, &reversed_refs)?)?;
+        let mut reversed = gpu.decode(engine, &upload(engine, &reversed_refs)?)?;
         reversed.reverse();
-        let streamed = GpuDecoder::from_checkpoint(&engine, &ckpt, StorageKind::Bf16)?
-            .with_layout(Some(3), Some(5))?
-            .decode(&engine, &upload(&engine, &refs)?)?;
+        ways.push(("reversed graph", reversed));
+        let mut failures = Vec::new();
         let (mut tokens, mut same_as_cpu) = (0, 0);
         for (b, single) in alone.iter().enumerate() {
             tokens += single.tokens.len();
-            same_as_cpu += usize::from(*single == cpu_hyps[b]);
-            for (label, hyps) in [
-                ("eager batch", &eager),
-                ("graph batch", &graph),
-                ("reversed graph batch", &reversed),
-                ("3 blocks, streamed", &streamed),
-            ] {
+            same_as_cpu += usize::from(*single == case.cpu_hyps[b]);
+            for (label, hyps) in &ways {
                 if hyps[b] != *single {
                     failures.push(format!(
-                        "vocab {vocab} hidden {hidden} layers {layers} joint {joint} batch \
-                         {batch} row {b} ({label}): {} / alone {}",
+                        "{} row {b} ({label}): {} / alone {}",
+                        case.shape,
                         describe(&hyps[b]),
                         describe(single)
                     ));
@@ -432,12 +456,12 @@ fn bf16_decoder_rows_depend_on_their_own_input_alone() -> Result<()> {
             }
         }
         eprintln!(
-            "RESULT bf16 decoder random vocab={vocab} hidden={hidden} layers={layers} \
-             joint={joint} batch={batch}: {tokens} tokens, rows identical to the f32 CPU \
-             decoder {same_as_cpu}/{batch}"
+            "RESULT bf16 decoder random {}: {tokens} tokens, rows identical to the f32 CPU \
+             decoder {same_as_cpu}/{}",
+            case.shape,
+            refs.len()
         );
         ensure!(tokens > 0, "degenerate random decoder: no tokens");
-    }
-    ensure!(failures.is_empty(), "failures: {failures:#?}");
-    Ok(())
+        Ok(failures)
+    })
 }
