@@ -716,8 +716,8 @@ __device__ __forceinline__ bool beats(float value, int index, float best, int be
 // The best label and the best duration output (indices) over every block's partials for a
 // row, in every lane of a group of GROUP_LANES lanes (`lanes`: the group's mask). Each lane
 // loads its blocks' partials all at once (one round trip for up to GROUP_LANES * LOAD_BATCH
-// blocks) before comparing; `beats` is a total order, so the grouping does not change the
-// result.
+// blocks) before comparing; `beats` orders values that are not NaN totally, so the grouping
+// does not change the result.
 #define GROUP_LANES 16
 __device__ int2 group_best(const float* row_partial, unsigned lanes) {
     constexpr int LOAD_BATCH = 9;  // 144 blocks per round trip: a whole H100 or H200
