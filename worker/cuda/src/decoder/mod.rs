@@ -324,3 +324,40 @@ impl GpuDecoder {
         Ok((hyps, steps))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decoder(pred_hidden: usize, joint_hidden: usize) -> DecoderConfig {
+        DecoderConfig {
+            vocab_size: 1024,
+            pred_hidden,
+            pred_rnn_layers: 2,
+            joint_hidden,
+            durations: vec![0, 1, 2, 3, 4],
+            max_symbols_per_step: 10,
+        }
+    }
+
+    #[test]
+    fn the_bf16_build_is_used_where_the_hidden_sizes_fit_its_k_steps() {
+        let parakeet = decoder(640, 640);
+        assert_eq!(
+            GpuDecoder::storage_for(&parakeet, StorageKind::Bf16),
+            StorageKind::Bf16
+        );
+        assert_eq!(
+            GpuDecoder::storage_for(&parakeet, StorageKind::F32),
+            StorageKind::F32,
+            "the exact engine keeps the exact decoder"
+        );
+        for (pred, joint) in [(648, 640), (640, 40), (36, 36)] {
+            assert_eq!(
+                GpuDecoder::storage_for(&decoder(pred, joint), StorageKind::Bf16),
+                StorageKind::F32,
+                "pred_hidden {pred}, joint_hidden {joint}"
+            );
+        }
+    }
+}
