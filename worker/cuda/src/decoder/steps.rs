@@ -83,40 +83,47 @@ impl DecodeLayout {
         let lstm_rows = if dims.layers > 1 { 8 * units } else { 0 };
         let product_rows = lstm_rows.max(pred + 4 * units).max(joint);
         let biases = (dims.layers - 1) * 4 * units + pred + joint;
-        // Bytes of one row of k values in shared memory (a multiple of 16), staged rows, bytes
-        // of the warps' partial products.
-        let (elem_bytes, row_pad) = match storage {
-            StorageKind::F32 => (4, 0),
-            StorageKind::Bf16 => (2, BF16_ROW_PAD),
-        };
-        let row_bytes = |k: usize| (k + row_pad) * elem_bytes;
-        let (stage_rows, warp_sums) = match storage {
+        // Element bytes and padding of a row in shared memory, staged rows, bytes of the warps'
+        // partial products.
+        let (elem_bytes, row_pad, stage_rows, warp_sums) = match storage {
             // The micro-tiles read rows 0..1, 0..4 or 0..16 of the stage.
-            StorageKind::F32 => match rows {
-                0..=1 => (1, 0),
-                2..=4 => (4, 0),
-                _ => (ROW_CHUNK, 0),
-            },
+            StorageKind::F32 => {
+                let stage_rows = match rows {
+                    0..=1 => 1,
+                    2..=4 => 4,
+                    _ => ROW_CHUNK,
+                };
+                (4, 0, stage_rows, 0)
+            }
             // The mma tiles read all 16 rows; every warp keeps a pass's sums.
-            StorageKind::Bf16 => (ROW_CHUNK, WARPS_PER_BLOCK * MMA_PASS_ROWS * ROW_CHUNK * 4),
+            StorageKind::Bf16 => (
+                2,
+                BF16_ROW_PAD,
+                ROW_CHUNK,
+                WARPS_PER_BLOCK * MMA_PASS_ROWS * ROW_CHUNK * 4,
+            ),
         };
+        // Bytes of one row of k values in shared memory (a multiple of 16).
+        let row_bytes = |k: usize| (k + row_pad) * elem_bytes;
         let width = row_bytes(dims.hidden.max(dims.joint_hidden));
         let weights_at = stage_rows * width;
-        let layout = |piece_rows: usize, weight_bytes: usize| {
+        let place = |piece_rows: usize, weight_bytes: usize| {
             let products_at = weights_at + weight_bytes;
             let row_state_at = products_at + product_rows * ROW_CHUNK * 4;
             let biases_at = row_state_at + rows * RS_FIELDS * 4;
             let warp_sums_at = (biases_at + biases * 4).next_multiple_of(16);
-            let bytes = warp_sums_at + warp_sums;
-            (bytes <= max_bytes).then_some(Self {
+            Self {
                 piece_rows,
                 weights_at,
                 products_at,
                 row_state_at,
                 biases_at,
                 warp_sums_at,
-                bytes,
-            })
+                bytes: warp_sums_at + warp_sums,
+            }
+        };
+        let layout = |piece_rows: usize, weight_bytes: usize| {
+            Some(place(piece_rows, weight_bytes)).filter(|l| l.bytes <= max_bytes)
         };
         let resident_bytes = (dims.layers - 1) * 8 * units * row_bytes(dims.hidden)
             + (pred + 4 * units) * row_bytes(dims.hidden)
@@ -126,11 +133,8 @@ impl DecodeLayout {
                 return Some(resident);
             }
         }
-        let fixed = weights_at
-            + product_rows * ROW_CHUNK * 4
-            + (rows * RS_FIELDS + biases) * 4
-            + 16
-            + warp_sums;
+        // Everything but the weight rows (whose bytes keep the alignment of what follows them).
+        let fixed = place(0, 0).bytes;
         let piece = piece_rows
             .unwrap_or(max_bytes.saturating_sub(fixed) / (2 * width))
             .min(product_rows);
