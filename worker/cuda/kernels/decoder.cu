@@ -3,9 +3,10 @@
 // `tdt_decode` runs up to `max_steps` uniform steps without returning to the host. A step:
 //
 //   [rows that emitted a label last step exist]
-//     layer 0's cells (grid barrier) -> LSTM layers 1 .. L-1 (grid barrier after each)
-//     -> joint.pred (grid barrier)
-//   joint for every active row (grid barrier) -> choice of label and duration, advance
+//     layer 0's cells -> h_0 -> LSTM layers 1 .. L-1 -> h_l -> joint.pred
+//   the joint's input of every active row -> joint -> partial maxima -> choice of label and
+//   duration, advance
+// where each "->" with a value hands it from every block to every block (see below).
 //
 // Rows that emitted a label in the previous step first run the prediction network on it (the
 // other rows keep their state and projection), so a row's sequence of joint evaluations is
@@ -18,7 +19,7 @@
 // layer 0 is a cell update with no product, and every product phase stages one input.
 //
 // Every block keeps its own copy of the row state in shared memory and makes the same choices
-// from the same joint outputs, so the blocks agree on what runs next without another barrier;
+// from the same joint outputs, so the blocks agree on what runs next without exchanging more;
 // block 0 alone writes tokens and the final row state. Block b owns LSTM units b, b + G, ...
 // (their four gate rows in every matrix, their cell state and recurrent products) and outputs
 // b, b + G, ... of joint.pred and of the joint. Its weight rows stay in shared memory for the
@@ -29,8 +30,23 @@
 // s, s + SLICES, ...), each summing its share in order, and add their sums by a butterfly. So
 // every value's sum tree depends on the inner dimension alone: not on the grid, on where the
 // weights are, or on the other rows of the batch. The choice of label and duration reduces
-// per-block partial maxima instead of every logit. The launch must be cooperative: the grid
-// barrier needs every block resident.
+// per-block partial maxima instead of every logit.
+//
+// There is no grid barrier: every value one block hands to the others carries a tag saying
+// which step wrote it, so a reader's load is also its wait (it loads again until the tags
+// match). Three kinds of values cross blocks, each in a buffer of two halves that alternate, so
+// a half holds either this use's values or those of two uses ago, whose tag differs:
+//   h of each layer, by predicting step ("epoch"): |h| <= 1, so the top bit of the exponent
+//     (0x4000 in bf16, bit 30 in f32) is free and holds bit 1 of the epoch;
+//   the joint's input relu(enc_proj + pred_proj), by step: never negative, so the sign bit
+//     holds bit 1 of the step;
+//   the choice's partial maxima, by step: one 64-bit key per row, block and kind (ordered
+//     value, 16 bits of the step, index), written and read as one access.
+// A writer writes every row's slot of its outputs at every use (a tagged zero where the row
+// has nothing), so a slot is never older than two uses. Each block writes a half only after it
+// has read every block's values of the step before, which were written after their writers
+// read this half's previous values. The launch must be cooperative: a reader spins until the
+// writer, another block, has run.
 //
 // Row state `rs[row * RS_FIELDS + field]`:
 #define RS_FIELDS 8
@@ -45,16 +61,15 @@
 
 // Loop bookkeeping `ds[field]`, kept across launches so a decode may span several.
 #define DS_FIELDS 3
-#define DS_STEPS 0      // steps run since the reset
-#define DS_BAR_COUNT 1  // grid barrier: arrivals ever (wraps; compared as a difference)
-#define DS_BAR_BASE 2   // DS_BAR_COUNT when the last launch ended: where this launch starts
+#define DS_STEPS 0   // steps run since the reset
+#define DS_CLOCK 1   // steps run ever in this workspace (the tags of the joint input, choice)
+#define DS_EPOCHS 2  // predicting steps run ever in this workspace (the tags of h)
 
-#define DEC_WARPS 12  // warps per block (12: no register spills under the 168-register cap)
+#define DEC_WARPS 12  // warps per block (12: 168 registers each; the f32 build spills 40 bytes)
 #define ROW_CHUNK 16  // batch rows staged per pass
 #define TILE 4        // weight rows per micro-tile
 #define MR_MAX 4      // batch rows per micro-tile
 #define SLICES 8      // lanes per micro-tile, splitting the inner dimension
-#define PARTIAL 4     // per block and row: best label value, its index, best duration, index
 
 // Two builds (`bf16_t`, common.cuh). f32 storage is the exact path: f32 weights and h, products
 // on the FMA units in micro-tiles. bf16 storage is the fast path of the bf16 engine: the weight
@@ -74,11 +89,73 @@ __device__ __forceinline__ int row_stride(int k) {
     return k + ROW_PAD;
 }
 
+// Tag bits of the exchanged values (see the top): per element and per 32-bit word.
+#ifdef CUDA_ENGINE_F32_STORAGE
+#define H_TAG 0x40000000u
+#define JOINT_TAG 0x80000000u
+#define H_WORD_TAG H_TAG
+#define JOINT_WORD_TAG JOINT_TAG
+__device__ __forceinline__ unsigned element_bits(float v) {
+    return __float_as_uint(v);
+}
+__device__ __forceinline__ bf16_t element_of_bits(unsigned bits) {
+    return __uint_as_float(bits);
+}
+#else
+#define H_TAG 0x4000u
+#define JOINT_TAG 0x8000u
+#define H_WORD_TAG 0x40004000u
+#define JOINT_WORD_TAG 0x80008000u
+__device__ __forceinline__ unsigned element_bits(float v) {
+    return f32_to_bf16(v);
+}
+__device__ __forceinline__ bf16_t element_of_bits(unsigned bits) {
+    return (bf16_t)bits;
+}
+#endif
+// A reader that waits this many loads for one value has lost its writer: trap (a sticky error
+// the worker reports) instead of hanging.
+#define SPIN_LIMIT (1 << 24)
+
+// Stores for other blocks to read (relaxed, gpu scope: they reach L2, where readers load).
+__device__ __forceinline__ void store_shared_value(bf16_t* at, bf16_t v) {
+#ifdef CUDA_ENGINE_F32_STORAGE
+    asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(at), "r"(__float_as_uint(v))
+                 : "memory");
+#else
+    asm volatile("st.relaxed.gpu.global.b16 [%0], %1;" ::"l"(at), "h"(v) : "memory");
+#endif
+}
+
+__device__ __forceinline__ uint4 load_relaxed16(const void* at) {
+    uint4 v;
+    asm volatile("ld.relaxed.gpu.global.v4.b32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(at)
+                 : "memory");
+    return v;
+}
+
+// h tagged with bit 1 of its epoch. A NaN (only from NaN weights or input) travels as
+// 1.9921875, a value no h takes, so that its tag bit stays free.
+__device__ __forceinline__ bf16_t tagged_h(float h, bool tag) {
+    const unsigned bits = element_bits(h != h ? 1.9921875f : h);
+    return element_of_bits(tag ? bits | H_TAG : bits);
+}
+
+// The joint's input relu(v) (never -0.0; NaN gives 0, as fmaxf did) tagged with bit 1 of
+// its step.
+__device__ __forceinline__ bf16_t tagged_joint_input(float v, bool tag) {
+    const unsigned bits = element_bits(v > 0.0f ? v : 0.0f);
+    return element_of_bits(tag ? bits | JOINT_TAG : bits);
+}
+
 // Per-phase timing (compile with DEC_PROFILE defined): block 0's thread 0 stamps %globaltimer
-// after every phase and barrier, and inside each product phase after its input is staged and
-// after its products, and prints the means per step at the end.
+// after every phase (a phase's wait for its input is in its time), and inside each product
+// phase after its input is staged (waited for) and after its products, and prints the means
+// per step at the end.
 #ifdef DEC_PROFILE
-#define PROFILE_SLOTS 8
+#define PROFILE_SLOTS 6
 __device__ __forceinline__ unsigned long long global_ns() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -111,21 +188,22 @@ __shared__ unsigned long long sub_profile[3][3];
 struct TdtParams {
     int* rs;                // [rows, RS_FIELDS]
     int* ds;                // [DS_FIELDS]
-    int* tokens;            // [rows, token_capacity, 3]: (id, frame, duration)
+    int* tokens;            // [token_capacity, rows, 3]: (id, frame, duration), n-th tokens together
     const float* x_table;   // [vocab + 1, 4H]: layer 0's input part W_ih x + b_ih + b_hh per label
     const bf16_t* w_hh;     // [layers, 4H, H] (gate order i, f, g, o)
     const bf16_t* w_ih;     // [layers - 1, 4H, H]: the layers above the first
     const float* bias;      // [layers - 1, 4H]: b_ih + b_hh of the layers above the first
-    bf16_t* h;              // [layers, rows, H]: in the products' input type
+    bf16_t* h;              // [2][layers, rows, H]: tagged, in the products' input type
     float* c;               // [layers, rows, H]
     float* rec;             // [layers, rows, H, 4]: W_hh h of the current h, by unit and gate
     const bf16_t* pred_w;   // [J, H]
     const float* pred_b;    // [J]
     float* pred_proj;       // [rows, J]
+    bf16_t* joint_in;       // [2][rows, J]: tagged relu(enc_proj + pred_proj), products' type
     const float* enc_proj;  // [frames, J]
     const bf16_t* out_w;    // [n_out, J]
     const float* out_b;     // [n_out]
-    float* partial;         // [2, rows, grid, PARTIAL]: halves alternate by step
+    unsigned long long* keys;  // [2][rows, grid, 2]: the blocks' best label and duration
     const int* durations;   // [n_durations]
     int rows;
     int layers;
@@ -262,51 +340,54 @@ __device__ unsigned active_rows(const int* srs, int row0, int rows) {
     return sel;
 }
 
-// Every block arrives, then all leave; writes before it are visible to every block after it
-// (readers of data written inside this kernel use __ldcg, past the non-coherent L1). The count
-// only grows, so leaving needs one look at it, not a reset and a second flag; `target` is the
-// count once every block has arrived, the same in every block.
-__device__ void grid_barrier(int* ds, unsigned& target) {
-    target += gridDim.x;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned* count = reinterpret_cast<unsigned*>(ds + DS_BAR_COUNT);
-        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(count) : "memory");
-        unsigned seen;
-        do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
-                         : "=r"(seen)
-                         : "l"(count)
-                         : "memory");
-        } while ((int)(seen - target) < 0);
-    }
-    __syncthreads();
-}
-
-// Starts copying the selected rows of src ([rows, k], written in this kernel: cp.async.cg reads
-// through L2) to dst ([ROW_CHUNK, row_stride(k)]) as one group; k % kPack == 0. Every copy is in
-// flight at once: one memory round trip, however many rows.
-__device__ void stage_rows(bf16_t* dst, const bf16_t* src, int row0, unsigned sel, int k) {
-    const int packs = k / kPack;
-    for (int i = threadIdx.x; i < ROW_CHUNK * packs; i += blockDim.x) {
-        const int r = i / packs, q = i % packs;
-        if (sel >> r & 1)
-            copy16_async(dst + r * row_stride(k) + kPack * q,
-                         src + (long long)(row0 + r) * k + kPack * q, true);
-    }
-    commit_copies();
-}
-
-// Stores 4 consecutive values of a staged row (8-byte aligned in the bf16 build).
-__device__ __forceinline__ void store4(bf16_t* dst, float4 v) {
-#ifdef CUDA_ENGINE_F32_STORAGE
-    *reinterpret_cast<float4*>(dst) = v;
-#else
-    auto pack = [](float lo, float hi) {
-        return (unsigned)f32_to_bf16(lo) | (unsigned)f32_to_bf16(hi) << 16;
+// Copies the selected rows of a tagged buffer src ([rows, k], written by other blocks) to dst
+// ([ROW_CHUNK, row_stride(k)]) with the tags cleared, waiting for each 16-byte piece until
+// every word's tag bits (`word_tag`) read `want`. All of a thread's loads are in flight at once,
+// and so are its reloads: one round trip once the writers are done, however many rows.
+__device__ void stage_tagged(bf16_t* dst, const bf16_t* src, int row0, unsigned sel, int k,
+                             unsigned word_tag, unsigned want) {
+    // Pieces per thread in flight: a 16-row chunk of 640 values in one pass in either build.
+    constexpr int BATCH = kPack == 8 ? 4 : 8;
+    const int packs = k / kPack, total = ROW_CHUNK * packs;
+    auto ready = [&](const uint4& v) {
+        return ((v.x & word_tag) == want) & ((v.y & word_tag) == want) &
+               ((v.z & word_tag) == want) & ((v.w & word_tag) == want);
     };
-    *reinterpret_cast<uint2*>(dst) = make_uint2(pack(v.x, v.y), pack(v.z, v.w));
+    for (int base = threadIdx.x; base < total; base += BATCH * blockDim.x) {
+        uint4 v[BATCH];
+        unsigned pending = 0;
+#pragma unroll
+        for (int j = 0; j < BATCH; ++j) {
+            const int i = base + j * blockDim.x, r = i / packs;
+            if (i < total && (sel >> r & 1)) {
+                pending |= 1u << j;
+                v[j] = load_relaxed16(src + (long long)(row0 + r) * k + kPack * (i % packs));
+            }
+        }
+        for (int spins = 0; pending != 0;) {
+#pragma unroll
+            for (int j = 0; j < BATCH; ++j) {
+                if ((pending >> j & 1) && ready(v[j])) {
+                    pending &= ~(1u << j);
+                    const int i = base + j * blockDim.x, r = i / packs;
+                    *reinterpret_cast<uint4*>(dst + r * row_stride(k) + kPack * (i % packs)) =
+                        make_uint4(v[j].x & ~word_tag, v[j].y & ~word_tag, v[j].z & ~word_tag,
+                                   v[j].w & ~word_tag);
+                }
+            }
+            if (spins++ == SPIN_LIMIT) __trap();
+#ifdef POLL_SLEEP_NS
+            __nanosleep(POLL_SLEEP_NS);
 #endif
+#pragma unroll
+            for (int j = 0; j < BATCH; ++j) {
+                if (pending >> j & 1) {
+                    const int i = base + j * blockDim.x, r = i / packs;
+                    v[j] = load_relaxed16(src + (long long)(row0 + r) * k + kPack * (i % packs));
+                }
+            }
+        }
+    }
 }
 
 // The index of the n-th set bit of `mask` (n counts from 0; the bit exists).
@@ -537,29 +618,68 @@ __device__ void load_resident_weights(const TdtParams& p, const Owned& own, bf16
     __syncthreads();
 }
 
-// One LSTM cell: gate pre-activations (i, f, g, o) and the old cell state of state element `at`
-// of a layer's c and h.
-__device__ __forceinline__ void lstm_cell(float gi, float gf, float gg, float go, float c_old,
-                                          float* c, bf16_t* h, long long at) {
-    const float cell = sigmoid_f32(gf) * c_old + sigmoid_f32(gi) * tanhf(gg);
-    c[at] = cell;
-    h[at] = f32_to_bf16(sigmoid_f32(go) * tanhf(cell));
+// The choice's key of a block's best output of one kind for a row: greater keys are greater
+// values, then lower indices (as the CPU loop's first maximum), so the best over blocks is the
+// greatest key. Bits 63-32: the value's bits, ordered as unsigned (NaN lowest, -0 as +0);
+// 31-16: the step's tag; 15-0: 0xffff - index. No output of the kind (index -1): 0 there.
+__device__ __forceinline__ unsigned long long choice_key(float value, int index, unsigned tag) {
+    unsigned long long key = (unsigned long long)(tag & 0xffffu) << 16;
+    if (index < 0) return key;
+    const unsigned bits = __float_as_uint(value == 0.0f ? 0.0f : value);
+    const unsigned ordered = value != value ? 0u : bits >> 31 ? ~bits : bits | 0x80000000u;
+    return key | (unsigned long long)ordered << 32 | (0xffffu - (unsigned)index);
 }
 
-// Layer 0 for the rows that predict, owned units only: table row of the label + recurrent
-// product, then the cell.
-__device__ void layer0_cells(const TdtParams& p, const Owned& own, const int* srs) {
+__device__ __forceinline__ int key_index(unsigned long long key) {
+    return 0xffff - (int)(key & 0xffffu);
+}
+
+// Where the tagged values of a use sit: the half of a buffer and the tag bit.
+struct Use {
+    int half;
+    bool tag;
+};
+
+__device__ __forceinline__ Use use_of(unsigned count) {
+    return {(int)(count & 1u), (count >> 1 & 1u) != 0};
+}
+
+// h of `layer` in the half of epoch `e`.
+__device__ __forceinline__ bf16_t* h_at(const TdtParams& p, Use e, int layer) {
+    return p.h + ((long long)e.half * p.layers + layer) * p.rows * p.hidden;
+}
+
+__device__ __forceinline__ bf16_t* joint_in_at(const TdtParams& p, Use s) {
+    return p.joint_in + (long long)s.half * p.rows * p.joint_hidden;
+}
+
+// One LSTM cell: gate pre-activations (i, f, g, o) and the old cell state of state element `at`
+// of a layer's c; returns the new h.
+__device__ __forceinline__ float lstm_cell(float gi, float gf, float gg, float go, float c_old,
+                                           float* c, long long at) {
+    const float cell = sigmoid_f32(gf) * c_old + sigmoid_f32(gi) * tanhf(gg);
+    c[at] = cell;
+    return sigmoid_f32(go) * tanhf(cell);
+}
+
+// Layer 0 for the owned units of every row: rows that predict get the cell (table row of the
+// label + recurrent product), the others a tagged zero.
+__device__ void layer0_cells(const TdtParams& p, const Owned& own, const int* srs, Use e) {
     const int H = p.hidden;
+    bf16_t* h = h_at(p, e, 0);
     for (int i = threadIdx.x; i < own.units * p.rows; i += blockDim.x) {
         const int unit = blockIdx.x + (i / p.rows) * gridDim.x, row = i % p.rows;
         const int* s = srs + row * RS_FIELDS;
-        if (!(s[RS_NEED_PREDICT] && row_active(s))) continue;
-        const float* x = p.x_table + (long long)s[RS_LABEL] * 4 * H + unit;
         const long long at = (long long)row * H + unit;
-        const float4 r = __ldcg(reinterpret_cast<const float4*>(p.rec) + at);
-        const float c_old = __ldcg(p.c + at);
-        lstm_cell(__ldg(x) + r.x, __ldg(x + H) + r.y, __ldg(x + 2 * H) + r.z,
-                  __ldg(x + 3 * H) + r.w, c_old, p.c, p.h, at);
+        float value = 0.0f;
+        if (s[RS_NEED_PREDICT] && row_active(s)) {
+            const float* x = p.x_table + (long long)s[RS_LABEL] * 4 * H + unit;
+            const float4 r = __ldcg(reinterpret_cast<const float4*>(p.rec) + at);
+            const float c_old = __ldcg(p.c + at);
+            value = lstm_cell(__ldg(x) + r.x, __ldg(x + H) + r.y, __ldg(x + 2 * H) + r.z,
+                              __ldg(x + 3 * H) + r.w, c_old, p.c, at);
+        }
+        store_shared_value(h + at, tagged_h(value, e.tag));
     }
 }
 
@@ -579,190 +699,247 @@ __device__ void store_recurrent(const TdtParams& p, const Owned& own, int layer,
 }
 
 // LSTM layer l >= 1 for the rows that predict: W_ih_l (new h of layer l - 1) + bias + the kept
-// recurrent product, then the cells of the owned units; also layer l - 1's new recurrent
-// products from the same staged h.
+// recurrent product, then the cells of the owned units (rows that do not predict get a tagged
+// zero); also layer l - 1's new recurrent products from the same staged h.
 __device__ void lstm_phase(const TdtParams& p, const Owned& own, int l, const int* srs,
-                           bf16_t* stage, bf16_t* weights, float* y, const Biases& biases) {
+                           bf16_t* stage, bf16_t* weights, float* y, const Biases& biases,
+                           Use e) {
     const int H = p.hidden, n = own.units * ROW_CHUNK;
     const long long layer = (long long)p.rows * H;
-    const bf16_t* h_below = p.h + (l - 1) * layer;
+    const bf16_t* h_below = h_at(p, e, l - 1);
+    bf16_t* h_out = h_at(p, e, l);
     const float* bias = biases.lstm + (l - 1) * 4 * own.units;
+    const unsigned want = e.tag ? H_WORD_TAG : 0u;
     for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK) {
         const unsigned sel = predicting_rows(srs, row0, p.rows);
-        if (sel == 0) continue;  // uniform: every thread reads the same shared row state
         // Cell i of the epilogue: unit i / ROW_CHUNK, row i % ROW_CHUNK. This block wrote its
         // cells' state and recurrent products itself, in earlier phases: the thread's first
         // cell loads them now, so the round trip overlaps the products.
         auto state_at = [&](int i) {
-            return l * layer + (long long)(row0 + i % ROW_CHUNK) * H + blockIdx.x +
-                   (i / ROW_CHUNK) * gridDim.x;
+            return (long long)(row0 + i % ROW_CHUNK) * H + blockIdx.x + (i / ROW_CHUNK) * gridDim.x;
         };
-        const bool early = threadIdx.x < n && (sel >> (threadIdx.x % ROW_CHUNK) & 1);
-        float4 early_rec = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        float early_c = 0.0f;
-        if (early) {
-            early_rec = __ldcg(reinterpret_cast<const float4*>(p.rec) + state_at(threadIdx.x));
-            early_c = __ldcg(p.c + state_at(threadIdx.x));
+        if (sel != 0) {  // uniform: every thread reads the same shared row state
+            const bool early = threadIdx.x < n && (sel >> (threadIdx.x % ROW_CHUNK) & 1);
+            float4 early_rec = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            float early_c = 0.0f;
+            if (early) {
+                early_rec = __ldcg(reinterpret_cast<const float4*>(p.rec) + l * layer +
+                                   state_at(threadIdx.x));
+                early_c = __ldcg(p.c + l * layer + state_at(threadIdx.x));
+            }
+            phase_products(p, own, PH_LSTM, l, weights, stage, sel, y, [&] {
+                stage_tagged(stage, h_below, row0, sel, H, H_WORD_TAG, want);
+            });
+            for (int i = threadIdx.x; i < n; i += blockDim.x) {
+                const int u = i / ROW_CHUNK, r = i % ROW_CHUNK;
+                if (!(sel >> r & 1)) continue;
+                const float* v = y + 4 * u * ROW_CHUNK + r;
+                const long long at = l * layer + state_at(i);
+                const bool first = i == (int)threadIdx.x;
+                const float4 rec =
+                    first ? early_rec : __ldcg(reinterpret_cast<const float4*>(p.rec) + at);
+                const float c_old = first ? early_c : __ldcg(p.c + at);
+                const float* b = bias + u;
+                const float h = lstm_cell(v[0] + b[0] + rec.x, v[ROW_CHUNK] + b[own.units] + rec.y,
+                                          v[2 * ROW_CHUNK] + b[2 * own.units] + rec.z,
+                                          v[3 * ROW_CHUNK] + b[3 * own.units] + rec.w, c_old,
+                                          p.c, at);
+                store_shared_value(h_out + state_at(i), tagged_h(h, e.tag));
+            }
+            store_recurrent(p, own, l - 1, y, 4 * own.units, row0, sel);
         }
-        phase_products(p, own, PH_LSTM, l, weights, stage, sel, y,
-                       [&] { stage_rows(stage, h_below, row0, sel, H); });
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            const int u = i / ROW_CHUNK, r = i % ROW_CHUNK;
-            if (!(sel >> r & 1)) continue;
-            const float* v = y + 4 * u * ROW_CHUNK + r;
-            const long long at = state_at(i);
-            const bool first = i == (int)threadIdx.x;
-            const float4 rec =
-                first ? early_rec : __ldcg(reinterpret_cast<const float4*>(p.rec) + at);
-            const float c_old = first ? early_c : __ldcg(p.c + at);
-            const float* b = bias + u;
-            lstm_cell(v[0] + b[0] + rec.x, v[ROW_CHUNK] + b[own.units] + rec.y,
-                      v[2 * ROW_CHUNK] + b[2 * own.units] + rec.z,
-                      v[3 * ROW_CHUNK] + b[3 * own.units] + rec.w, c_old, p.c, p.h, at);
+            const int r = i % ROW_CHUNK;
+            if (row0 + r < p.rows && !(sel >> r & 1))
+                store_shared_value(h_out + state_at(i), tagged_h(0.0f, e.tag));
         }
-        store_recurrent(p, own, l - 1, y, 4 * own.units, row0, sel);
     }
 }
 
-// pred_proj[row] = joint.pred(new top-layer h[row]) for the rows that predict, and the top
-// layer's new recurrent products from the same staged h.
+// What the joint's input of item i (owned joint.pred output i / ROW_CHUNK, row row0 +
+// i % ROW_CHUNK) adds to pred_proj: the row's projected encoder frame there (0 for rows that
+// are inactive or past the workspace), and the address of its pred_proj.
+struct JointItem {
+    bool active;
+    float enc;
+    float* pred;
+};
+
+__device__ __forceinline__ JointItem joint_item(const TdtParams& p, const int* srs, int row0,
+                                                int i) {
+    const int J = p.joint_hidden, row = row0 + i % ROW_CHUNK;
+    const int o = blockIdx.x + (i / ROW_CHUNK) * gridDim.x;
+    if (row >= p.rows) return {false, 0.0f, nullptr};
+    const int* st = srs + row * RS_FIELDS;
+    float* pred = p.pred_proj + (long long)row * J + o;
+    if (!row_active(st)) return {false, 0.0f, pred};
+    return {true, __ldg(p.enc_proj + ((long long)st[RS_ENC_ROW] + st[RS_TIME]) * J + o), pred};
+}
+
+// The joint's input relu(enc_proj[row's frame] + pred_proj[row]) at the owned outputs of
+// joint.pred for every row of the chunk at row0, tagged for step `s`: rows in `fresh` take
+// pred_proj from this phase's products y (and store it), the other active rows load the one
+// this block stored when they last predicted, inactive rows get a tagged zero. `early`: the
+// thread's first item, loaded before the products (with the pred_proj it had then).
+__device__ void joint_input_chunk(const TdtParams& p, const Owned& own, const int* srs, int row0,
+                                  unsigned fresh, const float* y, const Biases& biases, Use s,
+                                  const JointItem* early, float early_pred) {
+    const int J = p.joint_hidden;
+    bf16_t* out = joint_in_at(p, s);
+    for (int i = threadIdx.x; i < own.pred * ROW_CHUNK; i += blockDim.x) {
+        const int j = i / ROW_CHUNK, r = i % ROW_CHUNK, row = row0 + r;
+        if (row >= p.rows) continue;
+        const bool first = early != nullptr && i == (int)threadIdx.x;
+        const JointItem item = first ? *early : joint_item(p, srs, row0, i);
+        float value = 0.0f;
+        if (item.active) {
+            float v;
+            if (fresh >> r & 1) {
+                v = y[i] + biases.pred[j];
+                *item.pred = v;
+            } else {
+                v = first ? early_pred : __ldcg(item.pred);
+            }
+            value = v + item.enc;
+        }
+        const int o = blockIdx.x + j * gridDim.x;
+        store_shared_value(out + (long long)row * J + o, tagged_joint_input(value, s.tag));
+    }
+}
+
+// joint.pred(new top-layer h) for the rows that predict, the joint's input of every row (step
+// `s`), and the top layer's new recurrent products from the same staged h.
 __device__ void pred_phase(const TdtParams& p, const Owned& own, const int* srs, bf16_t* stage,
-                           bf16_t* weights, float* y, const Biases& biases) {
-    const bf16_t* h_top = p.h + (long long)(p.layers - 1) * p.rows * p.hidden;
+                           bf16_t* weights, float* y, const Biases& biases, Use e, Use s) {
+    const bf16_t* h_top = h_at(p, e, p.layers - 1);
+    const unsigned want = e.tag ? H_WORD_TAG : 0u;
     for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK) {
         const unsigned sel = predicting_rows(srs, row0, p.rows);
-        if (sel == 0) continue;
-        phase_products(p, own, PH_PRED, 0, weights, stage, sel, y,
-                       [&] { stage_rows(stage, h_top, row0, sel, p.hidden); });
-        for (int i = threadIdx.x; i < own.pred * ROW_CHUNK; i += blockDim.x) {
-            const int j = i / ROW_CHUNK, r = i % ROW_CHUNK;
-            const int o = blockIdx.x + j * gridDim.x;
-            if (!(sel >> r & 1)) continue;
-            p.pred_proj[(long long)(row0 + r) * p.joint_hidden + o] = y[i] + biases.pred[j];
+        // The thread's first joint input item: its frame's projection and old pred_proj load
+        // now, so their round trip overlaps the products.
+        const bool has_early = (int)threadIdx.x < own.pred * ROW_CHUNK;
+        JointItem early = {false, 0.0f, nullptr};
+        float early_pred = 0.0f;
+        if (has_early) {
+            early = joint_item(p, srs, row0, threadIdx.x);
+            if (early.active && !(sel >> (threadIdx.x % ROW_CHUNK) & 1))
+                early_pred = __ldcg(early.pred);
         }
-        store_recurrent(p, own, p.layers - 1, y, own.pred, row0, sel);
+        if (sel != 0) {
+            phase_products(p, own, PH_PRED, 0, weights, stage, sel, y, [&] {
+                stage_tagged(stage, h_top, row0, sel, p.hidden, H_WORD_TAG, want);
+            });
+            store_recurrent(p, own, p.layers - 1, y, own.pred, row0, sel);
+        }
+        joint_input_chunk(p, own, srs, row0, sel, y, biases, s, has_early ? &early : nullptr,
+                          early_pred);
     }
 }
 
-// joint.out(relu(enc_proj[frame] + pred_proj[row])) for the active rows; per row, this block's
-// best label and best duration output go to partial[row][block].
+// joint.out(joint input) for the active rows; per row, this block's best label and best
+// duration output go to keys[row][block] (inactive rows: keys of no output), tagged for step s.
 __device__ void joint_phase(const TdtParams& p, const Owned& own, const int* srs, bf16_t* stage,
-                            bf16_t* weights, float* y, const Biases& biases, float* partial) {
-    const int J = p.joint_hidden, quads = J / 4;
+                            bf16_t* weights, float* y, const Biases& biases, Use s,
+                            unsigned long long* keys, unsigned step_tag) {
+    const int J = p.joint_hidden;
+    const bf16_t* in = joint_in_at(p, s);
+    const unsigned want = s.tag ? JOINT_WORD_TAG : 0u;
     for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK) {
         const unsigned sel = active_rows(srs, row0, p.rows);
-        if (sel == 0) continue;
-        // Loads in batches of STAGE_BATCH per thread before any store: one round trip each.
-        auto stage_joint_input = [&] {
-            constexpr int STAGE_BATCH = 4;
-            const int total = ROW_CHUNK * quads;
-            for (int base = threadIdx.x; base < total; base += STAGE_BATCH * blockDim.x) {
-                float4 e[STAGE_BATCH], v[STAGE_BATCH];
-#pragma unroll
-                for (int j = 0; j < STAGE_BATCH; ++j) {
-                    const int i = base + j * blockDim.x, r = i / quads, q = i % quads;
-                    if (i >= total || !(sel >> r & 1)) continue;
-                    const int* s = srs + (row0 + r) * RS_FIELDS;
-                    e[j] = __ldg(reinterpret_cast<const float4*>(
-                                     p.enc_proj + ((long long)s[RS_ENC_ROW] + s[RS_TIME]) * J) +
-                                 q);
-                    v[j] = __ldcg(
-                        reinterpret_cast<const float4*>(p.pred_proj + (long long)(row0 + r) * J) +
-                        q);
-                }
-#pragma unroll
-                for (int j = 0; j < STAGE_BATCH; ++j) {
-                    const int i = base + j * blockDim.x, r = i / quads;
-                    if (i >= total || !(sel >> r & 1)) continue;
-                    store4(stage + r * row_stride(J) + 4 * (i % quads),
-                           make_float4(fmaxf(v[j].x + e[j].x, 0.0f), fmaxf(v[j].y + e[j].y, 0.0f),
-                                       fmaxf(v[j].z + e[j].z, 0.0f), fmaxf(v[j].w + e[j].w, 0.0f)));
-                }
-            }
-        };
-        phase_products(p, own, PH_JOINT, 0, weights, stage, sel, y, stage_joint_input);
+        if (sel != 0)
+            phase_products(p, own, PH_JOINT, 0, weights, stage, sel, y, [&] {
+                stage_tagged(stage, in, row0, sel, J, JOINT_WORD_TAG, want);
+            });
         // One thread per row scans its outputs in increasing order with strict '>': the first
         // index of the maximum.
-        const int r = threadIdx.x;
-        if (r >= ROW_CHUNK || !(sel >> r & 1)) continue;
+        const int r = threadIdx.x, row = row0 + r;
+        if (r >= ROW_CHUNK || row >= p.rows) continue;
         float best_label = 0.0f, best_duration = 0.0f;
         int label = -1, duration = -1;  // -1: none of this block's outputs is of the kind
-        for (int j = 0; j < own.joint; ++j) {
-            const int o = blockIdx.x + j * gridDim.x;
-            const float v = y[j * ROW_CHUNK + r] + biases.joint[j];
-            if (o < p.n_classes) {
-                if (label < 0 || v > best_label) {
-                    best_label = v;
-                    label = o;
+        if (sel >> r & 1) {
+            for (int j = 0; j < own.joint; ++j) {
+                const int o = blockIdx.x + j * gridDim.x;
+                const float v = y[j * ROW_CHUNK + r] + biases.joint[j];
+                if (o < p.n_classes) {
+                    if (label < 0 || v > best_label) {
+                        best_label = v;
+                        label = o;
+                    }
+                } else if (duration < 0 || v > best_duration) {
+                    best_duration = v;
+                    duration = o - p.n_classes;
                 }
-            } else if (duration < 0 || v > best_duration) {
-                best_duration = v;
-                duration = o - p.n_classes;
             }
         }
-        float* out = partial + ((long long)(row0 + r) * gridDim.x + blockIdx.x) * PARTIAL;
-        __stcg(reinterpret_cast<float4*>(out),
-               make_float4(best_label, __int_as_float(label), best_duration,
-                           __int_as_float(duration)));
+        unsigned long long* out = keys + ((long long)row * gridDim.x + blockIdx.x) * 2;
+        const unsigned long long k0 = choice_key(best_label, label, step_tag);
+        const unsigned long long k1 = choice_key(best_duration, duration, step_tag);
+        asm volatile("st.relaxed.gpu.global.v2.b64 [%0], {%1, %2};" ::"l"(out), "l"(k0), "l"(k1)
+                     : "memory");
     }
 }
 
-// A (value, index) candidate beats the best so far: greater value, or the lower index on ties
-// (index -1: none).
-__device__ __forceinline__ bool beats(float value, int index, float best, int best_index) {
-    return index >= 0 && (best_index < 0 || value > best || (value == best && index < best_index));
-}
-
-// The best label and the best duration output (indices) over every block's partials for a
-// row, in every lane of a group of GROUP_LANES lanes (`lanes`: the group's mask). Each lane
-// loads its blocks' partials all at once (one round trip for up to GROUP_LANES * LOAD_BATCH
-// blocks) before comparing; `beats` orders values that are not NaN totally, so the grouping
-// does not change the result.
+// The greatest label and duration keys over every block's keys for a row, in every lane of a
+// group of GROUP_LANES lanes (`lanes`: the group's mask). Each lane loads its blocks' keys all
+// at once (one round trip for up to GROUP_LANES * LOAD_BATCH blocks) and loads again those
+// whose tag is not yet the step's.
 #define GROUP_LANES 16
-__device__ int2 group_best(const float* row_partial, unsigned lanes) {
+__device__ int2 group_best(const unsigned long long* row_keys, unsigned lanes, unsigned tag) {
     constexpr int LOAD_BATCH = 9;  // 144 blocks per round trip: a whole H100 or H200
     const int lane = threadIdx.x % GROUP_LANES, blocks = gridDim.x;
-    float best[2] = {0.0f, 0.0f};
-    int index[2] = {-1, -1};
+    unsigned long long best[2] = {0ull, 0ull};
+    auto load = [&](int b, unsigned long long (&v)[2]) {
+        asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];"
+                     : "=l"(v[0]), "=l"(v[1])
+                     : "l"(row_keys + 2LL * b)
+                     : "memory");
+    };
+    auto ready = [&](const unsigned long long (&v)[2]) {
+        return (unsigned)(v[0] >> 16 & 0xffffu) == (tag & 0xffffu) &&
+               (unsigned)(v[1] >> 16 & 0xffffu) == (tag & 0xffffu);
+    };
     for (int base = lane; base < blocks; base += LOAD_BATCH * GROUP_LANES) {
-        float4 v[LOAD_BATCH];
+        unsigned long long v[LOAD_BATCH][2];
+        unsigned pending = 0;
 #pragma unroll
         for (int j = 0; j < LOAD_BATCH; ++j) {
             const int b = base + j * GROUP_LANES;
-            v[j] = b < blocks ? __ldcg(reinterpret_cast<const float4*>(row_partial) + b)
-                              : make_float4(0.0f, __int_as_float(-1), 0.0f, __int_as_float(-1));
+            if (b < blocks) {
+                pending |= 1u << j;
+                load(b, v[j]);
+            }
         }
+        for (int spins = 0; pending != 0;) {
 #pragma unroll
-        for (int j = 0; j < LOAD_BATCH; ++j) {
-            if (beats(v[j].x, __float_as_int(v[j].y), best[0], index[0])) {
-                best[0] = v[j].x;
-                index[0] = __float_as_int(v[j].y);
+            for (int j = 0; j < LOAD_BATCH; ++j) {
+                if ((pending >> j & 1) && ready(v[j])) {
+                    pending &= ~(1u << j);
+                    best[0] = max(best[0], v[j][0]);
+                    best[1] = max(best[1], v[j][1]);
+                }
             }
-            if (beats(v[j].z, __float_as_int(v[j].w), best[1], index[1])) {
-                best[1] = v[j].z;
-                index[1] = __float_as_int(v[j].w);
-            }
+            if (spins++ == SPIN_LIMIT) __trap();
+#ifdef POLL_SLEEP_NS
+            __nanosleep(POLL_SLEEP_NS);
+#endif
+#pragma unroll
+            for (int j = 0; j < LOAD_BATCH; ++j)
+                if (pending >> j & 1) load(base + j * GROUP_LANES, v[j]);
         }
     }
 #pragma unroll
-    for (int kind = 0; kind < 2; ++kind) {
-        for (int offset = GROUP_LANES / 2; offset > 0; offset >>= 1) {
-            const float other = __shfl_xor_sync(lanes, best[kind], offset);
-            const int other_index = __shfl_xor_sync(lanes, index[kind], offset);
-            if (beats(other, other_index, best[kind], index[kind])) {
-                best[kind] = other;
-                index[kind] = other_index;
-            }
-        }
-    }
-    return make_int2(index[0], index[1]);
+    for (int kind = 0; kind < 2; ++kind)
+        for (int offset = GROUP_LANES / 2; offset > 0; offset >>= 1)
+            best[kind] = max(best[kind], __shfl_xor_sync(lanes, best[kind], offset));
+    return make_int2(key_index(best[0]), key_index(best[1]));
 }
 
-// Every block: choose each active row's label and duration from the partials and move the row
+// Every block: choose each active row's label and duration from the blocks' keys and move the row
 // on (the CPU loop's rules) in its shared row state; block 0 also writes the tokens. A row that
 // would exceed `token_capacity` stops emitting and is marked by RS_TOKENS = token_capacity + 1
 // (the host reports it).
-__device__ void advance_phase(const TdtParams& p, int* srs, const float* partial) {
+__device__ void advance_phase(const TdtParams& p, int* srs, const unsigned long long* keys,
+                              unsigned step_tag) {
     // A group of lanes per row: 24 rows in one pass.
     const int group = threadIdx.x / GROUP_LANES, lane = threadIdx.x % GROUP_LANES;
     const unsigned lanes = 0xffffu << (threadIdx.x & 31 & ~(GROUP_LANES - 1));
@@ -772,8 +949,7 @@ __device__ void advance_phase(const TdtParams& p, int* srs, const float* partial
             if (lane == 0) s[RS_NEED_PREDICT] = 0;
             continue;
         }
-        const float* v = partial + (long long)row * gridDim.x * PARTIAL;
-        const int2 best = group_best(v, lanes);
+        const int2 best = group_best(keys + (long long)row * gridDim.x * 2, lanes, step_tag);
         const int label = best.x;
         int duration = __ldg(p.durations + best.y);
         if (lane != 0) continue;
@@ -791,7 +967,7 @@ __device__ void advance_phase(const TdtParams& p, int* srs, const float* partial
             continue;
         }
         if (blockIdx.x == 0) {
-            int* t = p.tokens + ((long long)row * p.token_capacity + n) * 3;
+            int* t = p.tokens + ((long long)n * p.rows + row) * 3;
             t[0] = label;
             t[1] = frame;
             t[2] = duration;
@@ -830,7 +1006,8 @@ extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const
 
     for (int i = threadIdx.x; i < p.rows * RS_FIELDS; i += blockDim.x) srs[i] = __ldcg(p.rs + i);
     const int first_step = __ldcg(p.ds + DS_STEPS);
-    unsigned barrier = (unsigned)__ldcg(p.ds + DS_BAR_BASE);
+    const unsigned clock = (unsigned)__ldcg(p.ds + DS_CLOCK);
+    unsigned epoch = (unsigned)__ldcg(p.ds + DS_EPOCHS);
     load_biases(biases, p, own);
     if (p.piece_rows == 0) load_resident_weights(p, own, weights);  // ends with a block barrier
     __syncthreads();
@@ -852,38 +1029,36 @@ extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const
         }
         __syncthreads();
         if (!any_active) break;  // the same in every block: their row states are equal
+        const unsigned now = clock + (unsigned)step;
+        const Use s = use_of(now);
         if (any_predicting) {
-            layer0_cells(p, own, srs);
+            const Use e = use_of(epoch++);
+            layer0_cells(p, own, srs, e);
             PROFILE_MARK(0);
-            grid_barrier(p.ds, barrier);
-            PROFILE_MARK(1);
             for (int l = 1; l < p.layers; ++l) {
-                lstm_phase(p, own, l, srs, stage, weights, y, biases);
-                PROFILE_MARK(2);
-                grid_barrier(p.ds, barrier);
-                PROFILE_MARK(3);
+                lstm_phase(p, own, l, srs, stage, weights, y, biases, e);
+                PROFILE_MARK(1);
             }
-            pred_phase(p, own, srs, stage, weights, y, biases);
-            PROFILE_MARK(4);
-            grid_barrier(p.ds, barrier);
-            PROFILE_MARK(5);
+            pred_phase(p, own, srs, stage, weights, y, biases, e, s);
+            PROFILE_MARK(2);
+        } else {
+            for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK)
+                joint_input_chunk(p, own, srs, row0, 0u, y, biases, s, nullptr, 0.0f);
+            PROFILE_MARK(3);
         }
-        // Alternate halves: a block may still read step s's partials while another writes s + 1's.
-        float* partial = p.partial + (long long)((first_step + step) & 1) * p.rows * gridDim.x *
-                                         PARTIAL;
-        joint_phase(p, own, srs, stage, weights, y, biases, partial);
-        PROFILE_MARK(6);
-        grid_barrier(p.ds, barrier);
-        advance_phase(p, srs, partial);
+        unsigned long long* keys = p.keys + (long long)s.half * p.rows * gridDim.x * 2;
+        joint_phase(p, own, srs, stage, weights, y, biases, s, keys, now >> 1);
+        PROFILE_MARK(4);
+        advance_phase(p, srs, keys, now >> 1);
         __syncthreads();
-        PROFILE_MARK(7);
+        PROFILE_MARK(5);
     }
 #ifdef DEC_PROFILE
     if (blockIdx.x == 0 && threadIdx.x == 0 && step > 0)
-        printf("PROFILE steps=%d ns/step: layer0 %llu bar %llu lstm %llu bar %llu pred %llu bar "
-               "%llu joint %llu bar+advance %llu\n",
+        printf("PROFILE steps=%d ns/step: layer0 %llu lstm %llu pred %llu joint-input %llu "
+               "joint %llu advance %llu\n",
                step, profile[0] / step, profile[1] / step, profile[2] / step, profile[3] / step,
-               profile[4] / step, profile[5] / step, profile[6] / step, profile[7] / step);
+               profile[4] / step, profile[5] / step);
     if (blockIdx.x == 0 && threadIdx.x == 0 && step > 0)
         printf("PROFILE_SUB steps=%d ns/step staged/products: lstm %llu %llu pred %llu %llu "
                "joint %llu %llu\n",
@@ -893,23 +1068,24 @@ extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const
     if (blockIdx.x == 0) {
         for (int i = threadIdx.x; i < p.rows * RS_FIELDS; i += blockDim.x) p.rs[i] = srs[i];
         if (threadIdx.x == 0) {
+            // Read by the next launch only: every block read them before its first exchange,
+            // and block 0 got here past its last.
             p.ds[DS_STEPS] = first_step + step;
-            // Read by the next launch only: every block read this launch's base before it
-            // arrived at its first barrier, and block 0 got here past the last one.
-            p.ds[DS_BAR_BASE] = (int)barrier;
+            p.ds[DS_CLOCK] = (int)(clock + (unsigned)step);
+            p.ds[DS_EPOCHS] = (int)epoch;
         }
     }
 }
 
-// Zero state (h, c and the recurrent products of every layer), every used row feeds the
-// start-of-sequence label first; rows >= batch are unused. Leaves the barrier fields of ds
-// alone (the count and its base stay consistent across launches).
+// Zero state (c and the recurrent products of every layer; h = 0 is implied: the first step
+// predicts every row, and W_hh 0 is the zero recurrent product), every used row feeds the
+// start-of-sequence label first; rows >= batch are unused. Leaves the tagged buffers and the
+// counters of ds that tag them alone: they stay consistent across decodes.
 extern "C" __global__ void tdt_reset(int* rs, int* ds, const int* frames, const int* enc_rows,
-                                     int batch, int rows, int blank, bf16_t* h, float* c,
-                                     float* rec, long long state_len) {
+                                     int batch, int rows, int blank, float* c, float* rec,
+                                     long long state_len) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < state_len;
          i += (long long)gridDim.x * blockDim.x) {
-        h[i] = f32_to_bf16(0.0f);
         c[i] = 0.0f;
         reinterpret_cast<float4*>(rec)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }

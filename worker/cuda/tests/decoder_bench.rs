@@ -5,9 +5,11 @@
 //! most expensive kind of step.
 //!
 //! Ignored by default; run on a GPU with `REQUIRE_CUDA=1 ./decoder_bench --ignored --nocapture`.
-//! Each figure is the median over repeated decodes of the whole batch (the encoder-side joint
-//! projection, the graph replay, the row-state and token downloads included) divided by the
-//! steps the kernel ran.
+//! Two figures per case, each a median over repeated decodes divided by the steps the kernel
+//! ran: the whole decode of the batch (the encoder-side joint projection, the graph replay, the
+//! row-state and token downloads included), and the decoding launch alone (the graph replay,
+//! the device synchronized before and after: the span `scripts/bench/pytorch_decoder_step.py`
+//! times for PyTorch, whose encoder projection is also outside its step).
 
 mod common;
 
@@ -86,20 +88,27 @@ fn decoder_step_time_full_size_random_weights() -> Result<()> {
                 frames: vec![FRAMES; batch],
             };
             let (hyps, _) = decoder.decode_counting_steps(&engine, &enc)?;
-            let mut per_step = Vec::new();
+            let (mut whole, mut launch) = (Vec::new(), Vec::new());
             let mut steps = 0;
             for _ in 0..7 {
                 let started = Instant::now();
                 let (_, ran) = decoder.decode_counting_steps(&engine, &enc)?;
-                per_step.push(started.elapsed().as_secs_f64() / ran as f64);
+                whole.push(started.elapsed().as_secs_f64() / ran as f64);
+                let (_, ran, launched) = decoder.decode_timing_launch(&engine, &enc)?;
+                launch.push(launched.as_secs_f64() / ran as f64);
                 steps = ran;
             }
-            per_step.sort_by(f64::total_cmp);
+            let median = |mut v: Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2] * 1e6
+            };
             let tokens: usize = hyps.iter().map(|h| h.tokens.len()).sum();
             eprintln!(
-                "RESULT decoder step {label} batch={batch} frames={FRAMES}: {:.2} us/step median \
-                 ({steps} steps, {tokens} tokens emitted in the batch)",
-                per_step[per_step.len() / 2] * 1e6
+                "RESULT decoder step {label} batch={batch} frames={FRAMES}: {:.2} us/step \
+                 median, launch alone {:.2} us/step ({steps} steps, {tokens} tokens emitted in \
+                 the batch)",
+                median(whole),
+                median(launch)
             );
         }
     }

@@ -7,8 +7,9 @@
 //! The encoder-side joint projection runs once per batch (cuBLASLt, fp32). Then one persistent
 //! cooperative kernel (`kernels/decoder.cu`) loops over the steps on the device until every row
 //! is done: each step runs the prediction network for the rows that emitted a label, the joint
-//! for the active rows, and the choice of label and duration, with grid-wide barriers between
-//! them and no host round trip. Inside the envelope sized at warm-up that launch replays a
+//! for the active rows, and the choice of label and duration, and no host round trip. The
+//! blocks hand values to each other tagged with the step that wrote them, so a reader's load is
+//! its wait: there is no grid-wide barrier. Inside the envelope sized at warm-up that launch replays a
 //! captured CUDA graph; larger batches launch the same kernel on a temporary workspace, with the
 //! same results.
 
@@ -17,6 +18,7 @@ mod weights;
 mod workspace;
 
 use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use models::checkpoint::Checkpoint;
 use models::config::DecoderConfig;
@@ -32,6 +34,9 @@ use crate::storage::StorageKind;
 use steps::{DecodeLayout, DecoderDims, DECODE_THREADS};
 use weights::DecoderWeights;
 use workspace::{DecoderWorkspace, DS_STEPS, RS_FIELDS, RS_FRAMES, RS_TIME, RS_TOKENS};
+
+/// Joint outputs (labels, blank, durations) the decoding kernel can index (16 bits).
+const MAX_OUTPUTS: usize = 0xffff;
 
 /// The batch shapes the decoder keeps a workspace and a captured graph for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,8 +89,11 @@ impl GpuDecoder {
             StorageKind::F32 => 4,
             StorageKind::Bf16 => 16,
         };
+        // The choice keys hold an output's index in 16 bits (`choice_key` in decoder.cu).
+        let outputs = DecoderDims::of(cfg).n_out;
         if cfg.pred_rnn_layers == 0
             || cfg.durations.is_empty()
+            || outputs > MAX_OUTPUTS
             || !cfg.pred_hidden.is_multiple_of(multiple)
             || !cfg.joint_hidden.is_multiple_of(multiple)
         {
@@ -93,9 +101,10 @@ impl GpuDecoder {
                 file: ckpt.tensors.source.clone(),
                 key: "decoder".into(),
                 problem: format!(
-                    "the {} GPU decoder needs at least one LSTM layer and one duration, and \
-                     hidden sizes that are multiples of {multiple}; got {} layers, {} \
-                     durations, pred_hidden {}, joint_hidden {}",
+                    "the {} GPU decoder needs at least one LSTM layer and one duration, at \
+                     most {MAX_OUTPUTS} joint outputs, and hidden sizes that are multiples of \
+                     {multiple}; got {} layers, {} durations, {outputs} outputs, pred_hidden \
+                     {}, joint_hidden {}",
                     storage.name(),
                     cfg.pred_rnn_layers,
                     cfg.durations.len(),
@@ -219,11 +228,33 @@ impl GpuDecoder {
         engine: &CudaEngine,
         enc: &EncoderOutput,
     ) -> Result<(Vec<Hypothesis>, usize)> {
+        let (hyps, steps, _) = self.decode_timed(engine, enc, false)?;
+        Ok((hyps, steps))
+    }
+
+    /// [`GpuDecoder::decode_counting_steps`], also returning the time of the decoding launch
+    /// alone (the device synchronized before and after it: for benchmarks, the same span as
+    /// a CUDA-graph step loop timed elsewhere, without the encoder-side projection and the
+    /// downloads).
+    pub fn decode_timing_launch(
+        &self,
+        engine: &CudaEngine,
+        enc: &EncoderOutput,
+    ) -> Result<(Vec<Hypothesis>, usize, Duration)> {
+        self.decode_timed(engine, enc, true)
+    }
+
+    fn decode_timed(
+        &self,
+        engine: &CudaEngine,
+        enc: &EncoderOutput,
+        time_launch: bool,
+    ) -> Result<(Vec<Hypothesis>, usize, Duration)> {
         if enc.batch == 0 {
-            return Ok((Vec::new(), 0));
+            return Ok((Vec::new(), 0, Duration::ZERO));
         }
         if enc.time == 0 || enc.frames.iter().all(|f| *f == 0) {
-            return Ok((vec![Hypothesis::default(); enc.batch], 0));
+            return Ok((vec![Hypothesis::default(); enc.batch], 0, Duration::ZERO));
         }
         if enc.d_model != self.d_model || enc.frames.len() != enc.batch {
             return Err(CudaEngineError::Shape {
@@ -246,7 +277,7 @@ impl GpuDecoder {
                 &mut eager
             }
         };
-        self.run(engine, ws, enc)
+        self.run(engine, ws, enc, time_launch)
     }
 
     fn run(
@@ -254,7 +285,8 @@ impl GpuDecoder {
         engine: &CudaEngine,
         ws: &mut DecoderWorkspace,
         enc: &EncoderOutput,
-    ) -> Result<(Vec<Hypothesis>, usize)> {
+        time_launch: bool,
+    ) -> Result<(Vec<Hypothesis>, usize, Duration)> {
         let (batch, time) = (enc.batch, enc.time);
         // Project every encoder frame once: enc_proj[b * time + t] = joint.enc(x[b, t]).
         let n = batch * time * self.d_model;
@@ -280,10 +312,18 @@ impl GpuDecoder {
         self.reset(engine, ws, batch)?;
 
         let max_steps = ws.step_bound(time);
+        if time_launch {
+            engine.synchronize()?;
+        }
+        let started = Instant::now();
         match &ws.graph {
             Some(graph) => graph.launch()?,
             None => self.launch_decode(engine, ws, max_steps)?,
         }
+        if time_launch {
+            engine.synchronize()?;
+        }
+        let launch = started.elapsed();
         let rs = engine.download(&ws.rs)?;
         let steps = engine.download(&ws.ds)?[DS_STEPS] as usize;
         if rs
@@ -295,33 +335,40 @@ impl GpuDecoder {
             )));
         }
 
-        let mut hyps = Vec::with_capacity(batch);
-        for b in 0..batch {
-            let count = rs[b * RS_FIELDS + RS_TOKENS] as usize;
-            if count > ws.token_capacity {
-                return Err(CudaEngineError::Decoder(format!(
-                    "utterance {b} emitted more than {} tokens (bug)",
-                    ws.token_capacity
-                )));
-            }
-            let start = b * ws.token_capacity * 3;
-            let raw = if count == 0 {
-                Vec::new()
-            } else {
-                engine.download(&ws.tokens.slice(start..start + count * 3))?
-            };
-            hyps.push(Hypothesis {
-                tokens: raw
-                    .chunks_exact(3)
-                    .map(|t| DecodedToken {
-                        id: t[0] as u32,
-                        frame: t[1] as usize,
-                        duration: t[2] as usize,
+        // Tokens are stored n-th of every row together, so the first `most` of every row are
+        // one download.
+        let counts: Vec<usize> = (0..batch)
+            .map(|b| rs[b * RS_FIELDS + RS_TOKENS] as usize)
+            .collect();
+        if let Some(b) = counts.iter().position(|&n| n > ws.token_capacity) {
+            return Err(CudaEngineError::Decoder(format!(
+                "utterance {b} emitted more than {} tokens (bug)",
+                ws.token_capacity
+            )));
+        }
+        let most = counts.iter().copied().max().unwrap_or(0);
+        let raw = if most == 0 {
+            Vec::new()
+        } else {
+            engine.download(&ws.tokens.slice(0..most * ws.rows * 3))?
+        };
+        let hyps = counts
+            .iter()
+            .enumerate()
+            .map(|(b, &count)| Hypothesis {
+                tokens: (0..count)
+                    .map(|n| {
+                        let t = &raw[(n * ws.rows + b) * 3..][..3];
+                        DecodedToken {
+                            id: t[0] as u32,
+                            frame: t[1] as usize,
+                            duration: t[2] as usize,
+                        }
                     })
                     .collect(),
-            });
-        }
-        Ok((hyps, steps))
+            })
+            .collect();
+        Ok((hyps, steps, launch))
     }
 }
 

@@ -15,10 +15,10 @@ use super::workspace::{DecoderWorkspace, RS_FIELDS};
 use super::GpuDecoder;
 
 /// Warps per block, batch rows per staged chunk of `tdt_decode` (`DEC_WARPS`, `ROW_CHUNK` in
-/// `decoder.cu`), and floats per block and row of its partial maxima (`PARTIAL`).
+/// `decoder.cu`), and 64-bit choice keys per block and row (the best label and duration).
 const WARPS_PER_BLOCK: usize = 12;
 const ROW_CHUNK: usize = 16;
-pub(crate) const PARTIAL: usize = 4;
+pub(crate) const KEYS_PER_BLOCK_ROW: usize = 2;
 /// The bf16 build's padding of a row in shared memory (`ROW_PAD`, elements) and the weight
 /// rows one pass of its tensor-core products covers (`MMA_TILES` tiles of 8).
 const BF16_ROW_PAD: usize = 8;
@@ -145,7 +145,7 @@ impl DecodeLayout {
     }
 }
 
-/// `TdtParams` in `decoder.cu`: 18 device addresses, then 16 ints, in this order.
+/// `TdtParams` in `decoder.cu`: 19 device addresses, then 16 ints, in this order.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 struct TdtParams {
@@ -162,10 +162,11 @@ struct TdtParams {
     pred_w: u64,
     pred_b: u64,
     pred_proj: u64,
+    joint_in: u64,
     enc_proj: u64,
     out_w: u64,
     out_b: u64,
-    partial: u64,
+    keys: u64,
     durations: u64,
     rows: i32,
     layers: i32,
@@ -221,9 +222,8 @@ impl GpuDecoder {
         let (batch, rows) = (to_i32(op, "batch", batch)?, to_i32(op, "rows", ws.rows)?);
         let blank = to_i32(op, "blank", self.blank())?;
         let state = to_i64(op, "state", state_len)?;
-        // SAFETY: the arguments follow tdt_reset's signature; h/c hold `state_len` floats (h
-        // takes `state_len` values of the storage type, at most 4 bytes each) and rec
-        // 4 * `state_len`, ds DS_FIELDS ints, and rs/frames/enc_rows hold `ws.rows` rows
+        // SAFETY: the arguments follow tdt_reset's signature; c holds `state_len` floats and
+        // rec 4 * `state_len`, ds DS_FIELDS ints, and rs/frames/enc_rows hold `ws.rows` rows
         // (workspace invariants).
         unsafe {
             engine.launch_as(
@@ -239,7 +239,6 @@ impl GpuDecoder {
                         .arg(&batch)
                         .arg(&rows)
                         .arg(&blank)
-                        .arg(&p.h)
                         .arg(&p.c)
                         .arg(&p.rec)
                         .arg(&state);
@@ -275,10 +274,11 @@ impl GpuDecoder {
             pred_w: matrix(&w.pred.weight),
             pred_b: addr(&w.pred.bias),
             pred_proj: p.pred_proj,
+            joint_in: p.joint_in,
             enc_proj: p.enc_proj,
             out_w: matrix(&w.out.weight),
             out_b: addr(&w.out.bias),
-            partial: p.partial,
+            keys: p.keys,
             durations: w.durations.device_ptr(stream).0,
             rows: to_i32(op, "rows", ws.rows)?,
             layers: to_i32(op, "layers", self.layers())?,

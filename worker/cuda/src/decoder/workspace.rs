@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, DevicePtr};
 use crate::device::CudaEngine;
 use crate::error::{CudaEngineError, Result};
 
-use super::steps::{StepGraph, PARTIAL};
+use super::steps::{StepGraph, KEYS_PER_BLOCK_ROW};
 use super::GpuDecoder;
 
 /// Fields per row of the row-state buffer (`RS_FIELDS` in `decoder.cu`).
@@ -29,7 +29,8 @@ pub(crate) struct Pointers {
     pub(crate) c: u64,
     pub(crate) rec: u64,
     pub(crate) pred_proj: u64,
-    pub(crate) partial: u64,
+    pub(crate) joint_in: u64,
+    pub(crate) keys: u64,
     pub(crate) tokens: u64,
     pub(crate) enc_proj: u64,
 }
@@ -43,14 +44,18 @@ pub(crate) struct DecoderWorkspace {
     /// emits at most `max_symbols` labels per frame).
     pub(crate) token_capacity: usize,
     pub(crate) rs: CudaSlice<i32>,
-    /// Steps run and the grid barrier (`DS_*` in `decoder.cu`).
+    /// Steps run since the reset, and the counters that tag the exchanged values (`DS_*` in
+    /// `decoder.cu`).
     pub(crate) ds: CudaSlice<i32>,
     pub(crate) frames: CudaSlice<i32>,
     pub(crate) enc_rows: CudaSlice<i32>,
     pub(crate) tokens: CudaSlice<i32>,
     pub(crate) enc_proj: CudaSlice<f32>,
-    /// Owns the f32 buffers `ptr` points into (h, c, rec, pred_proj, partial).
+    /// Own the buffers `ptr` points into: c, rec, pred_proj; the tagged h and joint input;
+    /// the blocks' choice keys.
     _state: Vec<CudaSlice<f32>>,
+    _tagged: Vec<CudaSlice<f32>>,
+    _keys: CudaSlice<u64>,
     pub(crate) ptr: Pointers,
     /// Blocks of the cooperative decoding kernel (lowered at the first launch the driver
     /// refuses as too large, e.g. under an MPS thread limit).
@@ -87,18 +92,23 @@ impl DecoderWorkspace {
         let enc_rows = engine.zeros::<i32>(rows)?;
         let tokens = engine.zeros::<i32>(rows * token_capacity * 3)?;
         let enc_proj = engine.zeros::<f32>(rows * max_frames * j)?;
-        // h, c, the recurrent products (4 gates per unit), pred_proj, the blocks' partial maxima
-        // (two halves, alternating by step).
-        let state = [
-            state_len,
-            state_len,
-            4 * state_len,
-            rows * j,
-            2 * rows * decoder.grid * PARTIAL,
-        ]
-        .into_iter()
-        .map(|n| engine.zeros::<f32>(n))
-        .collect::<Result<Vec<_>>>()?;
+        // c, the recurrent products (4 gates per unit), pred_proj.
+        let state = [state_len, 4 * state_len, rows * j]
+            .into_iter()
+            .map(|n| engine.zeros::<f32>(n))
+            .collect::<Result<Vec<_>>>()?;
+        // The values blocks exchange, in two halves each (`decoder.cu`, top), at most 4 bytes an
+        // element. Their first contents carry the tags no use of the first two looks for: h
+        // with bit 14 of every 16 bits set (|h| <= 1 never sets it), the joint input with bit 15
+        // (it is never negative), the keys with all of their step bits set.
+        let tagged = [(2 * state_len, 0x4040_4040u32), (2 * rows * j, 0x8080_8080)]
+            .into_iter()
+            .map(|(n, bits)| engine.upload(&vec![f32::from_bits(bits); n]))
+            .collect::<Result<Vec<_>>>()?;
+        let keys = engine.upload(&vec![
+            u64::MAX;
+            2 * rows * decoder.grid * KEYS_PER_BLOCK_ROW
+        ])?;
         let stream = engine.stream();
         let addr = |s: &CudaSlice<f32>| s.device_ptr(stream).0;
         let addr_i32 = |s: &CudaSlice<i32>| s.device_ptr(stream).0;
@@ -107,11 +117,12 @@ impl DecoderWorkspace {
             ds: addr_i32(&ds),
             frames: addr_i32(&frames),
             enc_rows: addr_i32(&enc_rows),
-            h: addr(&state[0]),
-            c: addr(&state[1]),
-            rec: addr(&state[2]),
-            pred_proj: addr(&state[3]),
-            partial: addr(&state[4]),
+            h: addr(&tagged[0]),
+            c: addr(&state[0]),
+            rec: addr(&state[1]),
+            pred_proj: addr(&state[2]),
+            joint_in: addr(&tagged[1]),
+            keys: keys.device_ptr(stream).0,
             tokens: addr_i32(&tokens),
             enc_proj: addr(&enc_proj),
         };
@@ -126,6 +137,8 @@ impl DecoderWorkspace {
             tokens,
             enc_proj,
             _state: state,
+            _tagged: tagged,
+            _keys: keys,
             ptr,
             grid: decoder.grid,
             graph: None,
