@@ -346,8 +346,8 @@ __device__ unsigned active_rows(const int* srs, int row0, int rows) {
 // and so are its reloads: one round trip once the writers are done, however many rows.
 __device__ void stage_tagged(bf16_t* dst, const bf16_t* src, int row0, unsigned sel, int k,
                              unsigned word_tag, unsigned want) {
-    // Pieces per thread in flight: a 16-row chunk of 640 values in one pass in either build.
-    constexpr int BATCH = kPack == 8 ? 4 : 8;
+    // Pieces per thread in flight (8 in the f32 build measured slower: more registers).
+    constexpr int BATCH = 4;
     const int packs = k / kPack, total = ROW_CHUNK * packs;
     auto ready = [&](const uint4& v) {
         return ((v.x & word_tag) == want) & ((v.y & word_tag) == want) &
