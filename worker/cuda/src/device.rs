@@ -265,7 +265,8 @@ impl CudaEngine {
     }
 
     /// Launches the build of `kernel` for `storage` cooperatively: the driver starts it only if
-    /// every block can be resident at once, which grid-wide barriers inside the kernel rely on.
+    /// every block can be resident at once, which a kernel whose blocks wait for each other
+    /// relies on.
     ///
     /// # Safety
     ///

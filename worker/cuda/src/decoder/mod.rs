@@ -7,11 +7,11 @@
 //! The encoder-side joint projection runs once per batch (cuBLASLt, fp32). Then one persistent
 //! cooperative kernel (`kernels/decoder.cu`) loops over the steps on the device until every row
 //! is done: each step runs the prediction network for the rows that emitted a label, the joint
-//! for the active rows, and the choice of label and duration, and no host round trip. The
+//! for the active rows, and the choice of label and duration, with no host round trip. The
 //! blocks hand values to each other tagged with the step that wrote them, so a reader's load is
-//! its wait: there is no grid-wide barrier. Inside the envelope sized at warm-up that launch replays a
-//! captured CUDA graph; larger batches launch the same kernel on a temporary workspace, with the
-//! same results.
+//! its wait: there is no grid-wide barrier. Inside the envelope sized at warm-up that launch
+//! replays a captured CUDA graph; larger batches launch the same kernel on a temporary
+//! workspace, with the same results.
 
 mod steps;
 mod weights;
