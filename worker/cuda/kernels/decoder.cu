@@ -65,7 +65,7 @@
 #define DS_CLOCK 1   // steps run ever in this workspace (the tags of the joint input, choice)
 #define DS_EPOCHS 2  // predicting steps run ever in this workspace (the tags of h)
 
-#define DEC_WARPS 12  // warps per block (12: 168 registers each; the f32 build spills 40 bytes)
+#define DEC_WARPS 12  // warps per block (12: 168 registers each; the f32 build spills 56 bytes)
 #define ROW_CHUNK 16  // batch rows staged per pass
 #define TILE 4        // weight rows per micro-tile
 #define MR_MAX 4      // batch rows per micro-tile
@@ -113,8 +113,9 @@ __device__ __forceinline__ bf16_t element_of_bits(unsigned bits) {
     return (bf16_t)bits;
 }
 #endif
-// A reader that waits this many loads for one value has lost its writer: trap (a sticky error
-// the worker reports) instead of hanging.
+// A reader that has reloaded a value this many times has lost its writer: trap (a sticky error
+// the worker reports) instead of hanging. Readers reload without pausing: reloading less
+// (sleeping between reloads, or one piece at a time) measured slower.
 #define SPIN_LIMIT (1 << 24)
 
 // Stores for other blocks to read (relaxed, gpu scope: they reach L2, where readers load).
@@ -376,9 +377,6 @@ __device__ void stage_tagged(bf16_t* dst, const bf16_t* src, int row0, unsigned 
                 }
             }
             if (spins++ == SPIN_LIMIT) __trap();
-#ifdef POLL_SLEEP_NS
-            __nanosleep(POLL_SLEEP_NS);
-#endif
 #pragma unroll
             for (int j = 0; j < BATCH; ++j) {
                 if (pending >> j & 1) {
@@ -919,9 +917,6 @@ __device__ int2 group_best(const unsigned long long* row_keys, unsigned lanes, u
                 }
             }
             if (spins++ == SPIN_LIMIT) __trap();
-#ifdef POLL_SLEEP_NS
-            __nanosleep(POLL_SLEEP_NS);
-#endif
 #pragma unroll
             for (int j = 0; j < LOAD_BATCH; ++j)
                 if (pending >> j & 1) load(base + j * GROUP_LANES, v[j]);
