@@ -41,7 +41,8 @@
 //   the joint's input relu(enc_proj + pred_proj), by step: never negative, so the sign bit
 //     holds bit 1 of the step;
 //   the choice's partial maxima, by step: one 64-bit key per row, block and kind (ordered
-//     value, 16 bits of the step, index), written and read as one access.
+//     value, 16 bits of the step, index), written and read as one access; duration keys only
+//     by the few blocks that own duration outputs, and only theirs are read.
 // A writer writes every row's slot of its outputs at every use (a tagged zero where the row
 // has nothing), so a slot is never older than two uses. Each block writes a half only after it
 // has read every block's values of the step before, which were written after their writers
@@ -190,12 +191,13 @@ struct TdtParams {
     int* rs;                // [rows, RS_FIELDS]
     int* ds;                // [DS_FIELDS]
     int* tokens;            // [token_capacity, rows, 3]: (id, frame, duration), n-th tokens together
-    const float* x_table;   // [vocab + 1, 4H]: layer 0's input part W_ih x + b_ih + b_hh per label
+    const bf16_t* x_table;  // [vocab + 1, H, 4]: layer 0's input part W_ih x + b_ih + b_hh
+                            // per label, unit and gate, in the storage type
     const bf16_t* w_hh;     // [layers, 4H, H] (gate order i, f, g, o)
     const bf16_t* w_ih;     // [layers - 1, 4H, H]: the layers above the first
     const float* bias;      // [layers - 1, 4H]: b_ih + b_hh of the layers above the first
     bf16_t* h;              // [2][layers, rows, H]: tagged, in the products' input type
-    float* c;               // [layers, rows, H]
+    float* c;               // [layers, rows, H]: kept between launches (see `Cells`)
     float* rec;             // [layers, rows, H, 4]: W_hh h of the current h, by unit and gate
     const bf16_t* pred_w;   // [J, H]
     const float* pred_b;    // [J]
@@ -204,7 +206,7 @@ struct TdtParams {
     const float* enc_proj;  // [frames, J]
     const bf16_t* out_w;    // [n_out, J]
     const float* out_b;     // [n_out]
-    unsigned long long* keys;  // [2][rows, grid, 2]: the blocks' best label and duration
+    unsigned long long* keys;  // [2][2][rows, grid]: the blocks' best label, best duration
     const int* durations;   // [n_durations]
     int rows;
     int layers;
@@ -220,12 +222,16 @@ struct TdtParams {
     // Dynamic shared memory, in bytes from its start: the staged rows [stage_rows][row_stride]
     // at 0, then the weight rows (row_stride each), the products [max phase rows][ROW_CHUNK],
     // the row state, the block's biases (`Biases`), the warps' partial products (tensor-core
-    // build only).
+    // build only), then where they fit the x_table slice and the cells.
     int shared_weights;
     int shared_products;
     int shared_row_state;
     int shared_biases;
     int shared_warp_sums;
+    // Where the layout has room (-1: none), the block's slice of x_table [vocab + 1][units][4]
+    // and its units' c [layers][rows][units] and rec [layers][rows][units][4] (`Cells`).
+    int shared_x_table;
+    int shared_cells;
 };
 
 // What this block owns: LSTM units per layer, joint.pred outputs, joint outputs.
@@ -273,6 +279,80 @@ __device__ void load_biases(const Biases& s, const TdtParams& p, const Owned& ow
     }
     for (int j = threadIdx.x; j < own.pred; j += blockDim.x) s.pred[j] = p.pred_b[b + j * G];
     for (int j = threadIdx.x; j < own.joint; j += blockDim.x) s.joint[j] = p.out_b[b + j * G];
+}
+
+// The cell state and recurrent products of the block's units (only the owning block reads or
+// writes them): in shared memory for the launch where the layout has room (copied in at the
+// start and back at the end), else in the workspace. Layer 0's cells then need no load from
+// global memory, only its table row, and that too comes from shared memory where it fits.
+struct Cells {
+    float* c;
+    float4* rec;
+    long long layer_stride;
+    int row_stride, unit_base, unit_stride;
+
+    // Element of (layer, row, owned unit u).
+    __device__ __forceinline__ long long at(int layer, int row, int u) const {
+        return layer * layer_stride + (long long)row * row_stride + unit_base + u * unit_stride;
+    }
+};
+
+__device__ __forceinline__ Cells cells_at(char* shared, const TdtParams& p, const Owned& own) {
+    if (p.shared_cells < 0)
+        return {p.c, reinterpret_cast<float4*>(p.rec), (long long)p.rows * p.hidden, p.hidden,
+                (int)blockIdx.x, (int)gridDim.x};
+    float4* rec = reinterpret_cast<float4*>(shared + p.shared_cells);
+    const int n = p.layers * p.rows * own.units;
+    return {reinterpret_cast<float*>(rec + n), rec, (long long)p.rows * own.units, own.units, 0, 1};
+}
+
+// Copies the block's cells between the workspace and shared memory (`to_shared`: at the start
+// of a launch; else back at its end). No-op where the cells stay in the workspace.
+__device__ void move_cells(const TdtParams& p, const Owned& own, const Cells& cells,
+                           bool to_shared) {
+    if (p.shared_cells < 0) return;
+    float4* rec = reinterpret_cast<float4*>(p.rec);
+    for (int i = threadIdx.x; i < p.layers * p.rows * own.units; i += blockDim.x) {
+        const int u = i % own.units, row = i / own.units % p.rows, l = i / own.units / p.rows;
+        const long long at = ((long long)l * p.rows + row) * p.hidden + blockIdx.x + u * gridDim.x;
+        if (to_shared) {
+            cells.rec[i] = __ldcg(rec + at);
+            cells.c[i] = __ldcg(p.c + at);
+        } else {
+            rec[at] = cells.rec[i];
+            p.c[at] = cells.c[i];
+        }
+    }
+}
+
+// Copies the block's slice of x_table into shared memory where the layout has room.
+__device__ void load_x_table_slice(char* shared, const TdtParams& p, const Owned& own) {
+    if (p.shared_x_table < 0) return;
+    bf16_t* dst = reinterpret_cast<bf16_t*>(shared + p.shared_x_table);
+    for (int i = threadIdx.x; i < p.n_classes * own.units; i += blockDim.x) {
+        const int u = i % own.units, label = i / own.units;
+        const bf16_t* src =
+            p.x_table + ((long long)label * p.hidden + blockIdx.x + u * gridDim.x) * 4;
+#pragma unroll
+        for (int g = 0; g < 4; ++g) dst[i * 4 + g] = src[g];
+    }
+}
+
+// Layer 0's input part for a label at owned unit u (gates i, f, g, o).
+__device__ __forceinline__ float4 x_table_row(const char* shared, const TdtParams& p,
+                                              const Owned& own, int label, int u) {
+    const bf16_t* x =
+        p.shared_x_table >= 0
+            ? reinterpret_cast<const bf16_t*>(shared + p.shared_x_table) +
+                  ((long long)label * own.units + u) * 4
+            : p.x_table + ((long long)label * p.hidden + blockIdx.x + u * gridDim.x) * 4;
+#ifdef CUDA_ENGINE_F32_STORAGE
+    return *reinterpret_cast<const float4*>(x);
+#else
+    const uint2 v = *reinterpret_cast<const uint2*>(x);
+    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
+                       __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
+#endif
 }
 
 // Where this block's rows of phase (kind, layer) start among its resident weights (elements).
@@ -489,6 +569,27 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// One warp's share of a pass of mma_products over COUNT 8-row tiles of w: the 16-wide k-steps
+// warp, warp + DEC_WARPS, ... in order, accumulated in acc. COUNT is a template argument so
+// that every fragment of a k-step is loaded before its products, with no branch between them:
+// with a branch per tile the loads wait for the previous tile's products, one round trip each.
+template <int COUNT>
+__device__ __forceinline__ void mma_pass(float (&acc)[MMA_TILES][4],
+                                         const bf16_t* const (&w_at)[MMA_TILES / 2],
+                                         const bf16_t* x_at, int warp, int ksteps) {
+    for (int step = warp; step < ksteps; step += DEC_WARPS) {
+        unsigned a[4], b[(COUNT + 1) / 2][4];
+        ldmatrix_x4(a, x_at + step * 16);
+#pragma unroll
+        for (int t = 0; t < COUNT; t += 2) ldmatrix_x4(b[t / 2], w_at[t / 2] + step * 16);
+#pragma unroll
+        for (int t = 0; t < COUNT; t += 2) {
+            mma_bf16(acc[t], a, b[t / 2][0], b[t / 2][1]);
+            if (t + 1 < COUNT) mma_bf16(acc[t + 1], a, b[t / 2][2], b[t / 2][3]);
+        }
+    }
+}
+
 // y[o * ROW_CHUNK + r] = sum_k w[o][k] x[r][k] for o < n and every r < ROW_CHUNK (w: [n][k], x:
 // [ROW_CHUNK][k], bf16 rows row_stride(k) apart in shared memory; k % 16 == 0). Warp v takes
 // the 16-wide k-steps v, v + DEC_WARPS, ... in order, accumulating in f32 on the tensor cores
@@ -514,18 +615,15 @@ __device__ void mma_products(const bf16_t* w, int n, const bf16_t* x, int k, flo
 #pragma unroll
         for (int t = 0; t < MMA_TILES; t += 2)
             w_at[t / 2] = w + min((tile0 + t + w_tile) * 8 + w_row, n - 1) * stride + w_k;
-        for (int step = warp; step < ksteps; step += DEC_WARPS) {
-            unsigned a[4];
-            ldmatrix_x4(a, x_at + step * 16);
-#pragma unroll
-            for (int t = 0; t < MMA_TILES; t += 2) {
-                if (t < count) {
-                    unsigned b[4];
-                    ldmatrix_x4(b, w_at[t / 2] + step * 16);
-                    mma_bf16(acc[t], a, b[0], b[1]);
-                    if (t + 1 < count) mma_bf16(acc[t + 1], a, b[2], b[3]);
-                }
-            }
+        switch (count) {
+            case 1: mma_pass<1>(acc, w_at, x_at, warp, ksteps); break;
+            case 2: mma_pass<2>(acc, w_at, x_at, warp, ksteps); break;
+            case 3: mma_pass<3>(acc, w_at, x_at, warp, ksteps); break;
+            case 4: mma_pass<4>(acc, w_at, x_at, warp, ksteps); break;
+            case 5: mma_pass<5>(acc, w_at, x_at, warp, ksteps); break;
+            case 6: mma_pass<6>(acc, w_at, x_at, warp, ksteps); break;
+            case 7: mma_pass<7>(acc, w_at, x_at, warp, ksteps); break;
+            default: mma_pass<MMA_TILES>(acc, w_at, x_at, warp, ksteps); break;
         }
         // acc[t]: rows g and g + 8, weight rows 2c and 2c + 1 of tile t (g = lane / 4, c = lane % 4).
         float* mine = sums + warp * WARP_SUMS;
@@ -632,6 +730,10 @@ __device__ __forceinline__ int key_index(unsigned long long key) {
     return 0xffff - (int)(key & 0xffffu);
 }
 
+__device__ __forceinline__ void store_key(unsigned long long* at, unsigned long long key) {
+    asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(at), "l"(key) : "memory");
+}
+
 // Where the tagged values of a use sit: the half of a buffer and the tag bit.
 struct Use {
     int half;
@@ -651,48 +753,69 @@ __device__ __forceinline__ bf16_t* joint_in_at(const TdtParams& p, Use s) {
     return p.joint_in + (long long)s.half * p.rows * p.joint_hidden;
 }
 
+// The cell's activations. The exact build keeps the library's expf and tanhf; the bf16 build,
+// whose h is rounded to bf16 (relative error 2^-9) anyway, uses the hardware tanh (relative
+// error about 2^-11) for both, sigmoid(x) = (1 + tanh(x / 2)) / 2: one instruction each
+// instead of dozens on every predicting step's path.
+#ifdef CUDA_ENGINE_F32_STORAGE
+__device__ __forceinline__ float cell_sigmoid(float v) {
+    return sigmoid_f32(v);
+}
+__device__ __forceinline__ float cell_tanh(float v) {
+    return tanhf(v);
+}
+#else
+__device__ __forceinline__ float cell_tanh(float v) {
+    float t;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(v));
+    return t;
+}
+__device__ __forceinline__ float cell_sigmoid(float v) {
+    return fmaf(0.5f, cell_tanh(0.5f * v), 0.5f);
+}
+#endif
+
 // One LSTM cell: gate pre-activations (i, f, g, o) and the old cell state of state element `at`
 // of a layer's c; returns the new h.
 __device__ __forceinline__ float lstm_cell(float gi, float gf, float gg, float go, float c_old,
                                            float* c, long long at) {
-    const float cell = sigmoid_f32(gf) * c_old + sigmoid_f32(gi) * tanhf(gg);
+    const float cell = cell_sigmoid(gf) * c_old + cell_sigmoid(gi) * cell_tanh(gg);
     c[at] = cell;
-    return sigmoid_f32(go) * tanhf(cell);
+    return cell_sigmoid(go) * cell_tanh(cell);
 }
 
 // Layer 0 for the owned units of every row: rows that predict get the cell (table row of the
 // label + recurrent product), the others a tagged zero.
-__device__ void layer0_cells(const TdtParams& p, const Owned& own, const int* srs, Use e) {
+__device__ void layer0_cells(const TdtParams& p, const Owned& own, const int* srs,
+                             const char* shared, const Cells& cells, Use e) {
     const int H = p.hidden;
     bf16_t* h = h_at(p, e, 0);
     for (int i = threadIdx.x; i < own.units * p.rows; i += blockDim.x) {
-        const int unit = blockIdx.x + (i / p.rows) * gridDim.x, row = i % p.rows;
+        const int u = i / p.rows, row = i % p.rows;
         const int* s = srs + row * RS_FIELDS;
-        const long long at = (long long)row * H + unit;
         float value = 0.0f;
         if (s[RS_NEED_PREDICT] && row_active(s)) {
-            const float* x = p.x_table + (long long)s[RS_LABEL] * 4 * H + unit;
-            const float4 r = __ldcg(reinterpret_cast<const float4*>(p.rec) + at);
-            const float c_old = __ldcg(p.c + at);
-            value = lstm_cell(__ldg(x) + r.x, __ldg(x + H) + r.y, __ldg(x + 2 * H) + r.z,
-                              __ldg(x + 3 * H) + r.w, c_old, p.c, at);
+            const long long at = cells.at(0, row, u);
+            const float4 x = x_table_row(shared, p, own, s[RS_LABEL], u);
+            const float4 r = cells.rec[at];
+            value =
+                lstm_cell(x.x + r.x, x.y + r.y, x.z + r.z, x.w + r.w, cells.c[at], cells.c, at);
         }
-        store_shared_value(h + at, tagged_h(value, e.tag));
+        store_shared_value(h + (long long)row * H + blockIdx.x + u * gridDim.x,
+                           tagged_h(value, e.tag));
     }
 }
 
 // Stores the recurrent products y[first + 4i + g] (unit i, gate g) of a layer for the
 // selected rows of the chunk at row0.
-__device__ void store_recurrent(const TdtParams& p, const Owned& own, int layer, const float* y,
+__device__ void store_recurrent(const Owned& own, const Cells& cells, int layer, const float* y,
                                 int first, int row0, unsigned sel) {
-    const long long base = (long long)layer * p.rows * p.hidden;
     for (int i = threadIdx.x; i < own.units * ROW_CHUNK; i += blockDim.x) {
         const int u = i / ROW_CHUNK, r = i % ROW_CHUNK;
         if (!(sel >> r & 1)) continue;
         const float* v = y + (first + 4 * u) * ROW_CHUNK + r;
-        const long long at = base + (long long)(row0 + r) * p.hidden + blockIdx.x + u * gridDim.x;
-        __stcg(reinterpret_cast<float4*>(p.rec) + at,
-               make_float4(v[0], v[ROW_CHUNK], v[2 * ROW_CHUNK], v[3 * ROW_CHUNK]));
+        cells.rec[cells.at(layer, row0 + r, u)] =
+            make_float4(v[0], v[ROW_CHUNK], v[2 * ROW_CHUNK], v[3 * ROW_CHUNK]);
     }
 }
 
@@ -701,9 +824,8 @@ __device__ void store_recurrent(const TdtParams& p, const Owned& own, int layer,
 // zero); also layer l - 1's new recurrent products from the same staged h.
 __device__ void lstm_phase(const TdtParams& p, const Owned& own, int l, const int* srs,
                            bf16_t* stage, bf16_t* weights, float* y, const Biases& biases,
-                           Use e) {
+                           const Cells& cells, Use e) {
     const int H = p.hidden, n = own.units * ROW_CHUNK;
-    const long long layer = (long long)p.rows * H;
     const bf16_t* h_below = h_at(p, e, l - 1);
     bf16_t* h_out = h_at(p, e, l);
     const float* bias = biases.lstm + (l - 1) * 4 * own.units;
@@ -712,18 +834,19 @@ __device__ void lstm_phase(const TdtParams& p, const Owned& own, int l, const in
         const unsigned sel = predicting_rows(srs, row0, p.rows);
         // Cell i of the epilogue: unit i / ROW_CHUNK, row i % ROW_CHUNK. This block wrote its
         // cells' state and recurrent products itself, in earlier phases: the thread's first
-        // cell loads them now, so the round trip overlaps the products.
-        auto state_at = [&](int i) {
+        // cell loads them now, so where they are in global memory the round trip overlaps the
+        // products.
+        auto h_index = [&](int i) {
             return (long long)(row0 + i % ROW_CHUNK) * H + blockIdx.x + (i / ROW_CHUNK) * gridDim.x;
         };
+        auto cell_at = [&](int i) { return cells.at(l, row0 + i % ROW_CHUNK, i / ROW_CHUNK); };
         if (sel != 0) {  // uniform: every thread reads the same shared row state
             const bool early = threadIdx.x < n && (sel >> (threadIdx.x % ROW_CHUNK) & 1);
             float4 early_rec = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             float early_c = 0.0f;
             if (early) {
-                early_rec = __ldcg(reinterpret_cast<const float4*>(p.rec) + l * layer +
-                                   state_at(threadIdx.x));
-                early_c = __ldcg(p.c + l * layer + state_at(threadIdx.x));
+                early_rec = cells.rec[cell_at(threadIdx.x)];
+                early_c = cells.c[cell_at(threadIdx.x)];
             }
             phase_products(p, own, PH_LSTM, l, weights, stage, sel, y, [&] {
                 stage_tagged(stage, h_below, row0, sel, H, H_WORD_TAG, want);
@@ -732,24 +855,23 @@ __device__ void lstm_phase(const TdtParams& p, const Owned& own, int l, const in
                 const int u = i / ROW_CHUNK, r = i % ROW_CHUNK;
                 if (!(sel >> r & 1)) continue;
                 const float* v = y + 4 * u * ROW_CHUNK + r;
-                const long long at = l * layer + state_at(i);
+                const long long at = cell_at(i);
                 const bool first = i == (int)threadIdx.x;
-                const float4 rec =
-                    first ? early_rec : __ldcg(reinterpret_cast<const float4*>(p.rec) + at);
-                const float c_old = first ? early_c : __ldcg(p.c + at);
+                const float4 rec = first ? early_rec : cells.rec[at];
+                const float c_old = first ? early_c : cells.c[at];
                 const float* b = bias + u;
                 const float h = lstm_cell(v[0] + b[0] + rec.x, v[ROW_CHUNK] + b[own.units] + rec.y,
                                           v[2 * ROW_CHUNK] + b[2 * own.units] + rec.z,
                                           v[3 * ROW_CHUNK] + b[3 * own.units] + rec.w, c_old,
-                                          p.c, at);
-                store_shared_value(h_out + state_at(i), tagged_h(h, e.tag));
+                                          cells.c, at);
+                store_shared_value(h_out + h_index(i), tagged_h(h, e.tag));
             }
-            store_recurrent(p, own, l - 1, y, 4 * own.units, row0, sel);
+            store_recurrent(own, cells, l - 1, y, 4 * own.units, row0, sel);
         }
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             const int r = i % ROW_CHUNK;
             if (row0 + r < p.rows && !(sel >> r & 1))
-                store_shared_value(h_out + state_at(i), tagged_h(0.0f, e.tag));
+                store_shared_value(h_out + h_index(i), tagged_h(0.0f, e.tag));
         }
     }
 }
@@ -808,7 +930,8 @@ __device__ void joint_input_chunk(const TdtParams& p, const Owned& own, const in
 // joint.pred(new top-layer h) for the rows that predict, the joint's input of every row (step
 // `s`), and the top layer's new recurrent products from the same staged h.
 __device__ void pred_phase(const TdtParams& p, const Owned& own, const int* srs, bf16_t* stage,
-                           bf16_t* weights, float* y, const Biases& biases, Use e, Use s) {
+                           bf16_t* weights, float* y, const Biases& biases, const Cells& cells,
+                           Use e, Use s) {
     const bf16_t* h_top = h_at(p, e, p.layers - 1);
     const unsigned want = e.tag ? H_WORD_TAG : 0u;
     for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK) {
@@ -827,7 +950,7 @@ __device__ void pred_phase(const TdtParams& p, const Owned& own, const int* srs,
             phase_products(p, own, PH_PRED, 0, weights, stage, sel, y, [&] {
                 stage_tagged(stage, h_top, row0, sel, p.hidden, H_WORD_TAG, want);
             });
-            store_recurrent(p, own, p.layers - 1, y, own.pred, row0, sel);
+            store_recurrent(own, cells, p.layers - 1, y, own.pred, row0, sel);
         }
         joint_input_chunk(p, own, srs, row0, sel, y, biases, s, has_early ? &early : nullptr,
                           early_pred);
@@ -869,57 +992,65 @@ __device__ void joint_phase(const TdtParams& p, const Owned& own, const int* srs
                 }
             }
         }
-        unsigned long long* out = keys + ((long long)row * gridDim.x + blockIdx.x) * 2;
-        const unsigned long long k0 = choice_key(best_label, label, step_tag);
-        const unsigned long long k1 = choice_key(best_duration, duration, step_tag);
-        asm volatile("st.relaxed.gpu.global.v2.b64 [%0], {%1, %2};" ::"l"(out), "l"(k0), "l"(k1)
-                     : "memory");
+        unsigned long long* out = keys + (long long)row * gridDim.x + blockIdx.x;
+        store_key(out, choice_key(best_label, label, step_tag));
+        // Only the blocks that own duration outputs write (and are read for) the durations.
+        if (own.joint > 0 && (int)blockIdx.x + (own.joint - 1) * (int)gridDim.x >= p.n_classes)
+            store_key(out + (long long)p.rows * gridDim.x,
+                      choice_key(best_duration, duration, step_tag));
     }
 }
 
-// The greatest label and duration keys over every block's keys for a row, in every lane of a
-// group of GROUP_LANES lanes (`lanes`: the group's mask). Each lane loads its blocks' keys all
-// at once (one round trip for up to GROUP_LANES * LOAD_BATCH blocks) and loads again those
-// whose tag is not yet the step's.
+// The greatest label key over every block's and duration key over the duration owners' for a
+// row (`label_keys`: the row's keys of block 0 onwards; its duration keys `kind_stride` on), in
+// every lane of a group of GROUP_LANES lanes (`lanes`: the group's mask). Each lane loads its
+// keys all at once (one round trip for up to GROUP_LANES * LOAD_BATCH blocks) and loads again
+// those whose tag is not yet the step's. Duration output d is owned by block
+// (n_classes + d) % grid.
 #define GROUP_LANES 16
-__device__ int2 group_best(const unsigned long long* row_keys, unsigned lanes, unsigned tag) {
-    constexpr int LOAD_BATCH = 9;  // 144 blocks per round trip: a whole H100 or H200
+__device__ int2 group_best(const TdtParams& p, const unsigned long long* label_keys,
+                           long long kind_stride, unsigned lanes, unsigned tag) {
+    constexpr int LOAD_BATCH = 10;  // 9 x 16 label keys (a whole H100 or H200) + a duration key
     const int lane = threadIdx.x % GROUP_LANES, blocks = gridDim.x;
+    // Load j of this lane: label keys of blocks lane + 16 j while they last, then the duration
+    // keys of outputs lane + 16 i.
+    const int label_loads = (blocks - lane + GROUP_LANES - 1) / GROUP_LANES;
+    const int duration_loads = (p.n_durations - lane + GROUP_LANES - 1) / GROUP_LANES;
+    auto key_at = [&](int j) {
+        if (j < label_loads) return label_keys + lane + j * GROUP_LANES;
+        const int d = lane + (j - label_loads) * GROUP_LANES;
+        return label_keys + kind_stride + (p.n_classes + d) % blocks;
+    };
     unsigned long long best[2] = {0ull, 0ull};
-    auto load = [&](int b, unsigned long long (&v)[2]) {
-        asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];"
-                     : "=l"(v[0]), "=l"(v[1])
-                     : "l"(row_keys + 2LL * b)
-                     : "memory");
+    auto load = [&](const unsigned long long* at) {
+        unsigned long long v;
+        asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(at) : "memory");
+        return v;
     };
-    auto ready = [&](const unsigned long long (&v)[2]) {
-        return (unsigned)(v[0] >> 16 & 0xffffu) == (tag & 0xffffu) &&
-               (unsigned)(v[1] >> 16 & 0xffffu) == (tag & 0xffffu);
-    };
-    for (int base = lane; base < blocks; base += LOAD_BATCH * GROUP_LANES) {
-        unsigned long long v[LOAD_BATCH][2];
+    const int loads = label_loads + duration_loads;
+    for (int base = 0; base < loads; base += LOAD_BATCH) {
+        unsigned long long v[LOAD_BATCH];
         unsigned pending = 0;
 #pragma unroll
         for (int j = 0; j < LOAD_BATCH; ++j) {
-            const int b = base + j * GROUP_LANES;
-            if (b < blocks) {
+            if (base + j < loads) {
                 pending |= 1u << j;
-                load(b, v[j]);
+                v[j] = load(key_at(base + j));
             }
         }
         for (int spins = 0; pending != 0;) {
 #pragma unroll
             for (int j = 0; j < LOAD_BATCH; ++j) {
-                if ((pending >> j & 1) && ready(v[j])) {
+                if ((pending >> j & 1) && (unsigned)(v[j] >> 16 & 0xffffu) == (tag & 0xffffu)) {
                     pending &= ~(1u << j);
-                    best[0] = max(best[0], v[j][0]);
-                    best[1] = max(best[1], v[j][1]);
+                    const int kind = base + j < label_loads ? 0 : 1;
+                    best[kind] = max(best[kind], v[j]);
                 }
             }
             if (spins++ == SPIN_LIMIT) __trap();
 #pragma unroll
             for (int j = 0; j < LOAD_BATCH; ++j)
-                if (pending >> j & 1) load(base + j * GROUP_LANES, v[j]);
+                if (pending >> j & 1) v[j] = load(key_at(base + j));
         }
     }
 #pragma unroll
@@ -944,7 +1075,8 @@ __device__ void advance_phase(const TdtParams& p, int* srs, const unsigned long 
             if (lane == 0) s[RS_NEED_PREDICT] = 0;
             continue;
         }
-        const int2 best = group_best(keys + (long long)row * gridDim.x * 2, lanes, step_tag);
+        const int2 best = group_best(p, keys + (long long)row * gridDim.x,
+                                     (long long)p.rows * gridDim.x, lanes, step_tag);
         const int label = best.x;
         int duration = __ldg(p.durations + best.y);
         if (lane != 0) continue;
@@ -992,6 +1124,7 @@ extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const
     __shared__ int any_active, any_predicting;
     const Owned own = owned(p);
     const Biases biases = biases_at(reinterpret_cast<float*>(shared + p.shared_biases), p, own);
+    const Cells cells = cells_at(shared, p, own);
 #ifdef DEC_PROFILE
     unsigned long long profile[PROFILE_SLOTS] = {}, profile_last = global_ns();
     if (threadIdx.x == 0)
@@ -1004,6 +1137,8 @@ extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const
     const unsigned clock = (unsigned)__ldcg(p.ds + DS_CLOCK);
     unsigned epoch = (unsigned)__ldcg(p.ds + DS_EPOCHS);
     load_biases(biases, p, own);
+    move_cells(p, own, cells, true);
+    load_x_table_slice(shared, p, own);
     if (p.piece_rows == 0) load_resident_weights(p, own, weights);  // ends with a block barrier
     __syncthreads();
     int step = 0;
@@ -1028,20 +1163,20 @@ extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const
         const Use s = use_of(now);
         if (any_predicting) {
             const Use e = use_of(epoch++);
-            layer0_cells(p, own, srs, e);
+            layer0_cells(p, own, srs, shared, cells, e);
             PROFILE_MARK(0);
             for (int l = 1; l < p.layers; ++l) {
-                lstm_phase(p, own, l, srs, stage, weights, y, biases, e);
+                lstm_phase(p, own, l, srs, stage, weights, y, biases, cells, e);
                 PROFILE_MARK(1);
             }
-            pred_phase(p, own, srs, stage, weights, y, biases, e, s);
+            pred_phase(p, own, srs, stage, weights, y, biases, cells, e, s);
             PROFILE_MARK(2);
         } else {
             for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK)
                 joint_input_chunk(p, own, srs, row0, 0u, y, biases, s, nullptr, 0.0f);
             PROFILE_MARK(3);
         }
-        unsigned long long* keys = p.keys + (long long)s.half * p.rows * gridDim.x * 2;
+        unsigned long long* keys = p.keys + (long long)s.half * 2 * p.rows * gridDim.x;
         joint_phase(p, own, srs, stage, weights, y, biases, s, keys, now >> 1);
         PROFILE_MARK(4);
         advance_phase(p, srs, keys, now >> 1);
@@ -1060,6 +1195,8 @@ extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const
                step, sub_profile[0][0] / step, sub_profile[0][1] / step, sub_profile[1][0] / step,
                sub_profile[1][1] / step, sub_profile[2][0] / step, sub_profile[2][1] / step);
 #endif
+    __syncthreads();  // every thread's cells are written
+    move_cells(p, own, cells, false);
     if (blockIdx.x == 0) {
         for (int i = threadIdx.x; i < p.rows * RS_FIELDS; i += blockDim.x) p.rs[i] = srs[i];
         if (threadIdx.x == 0) {

@@ -32,6 +32,8 @@ pub(crate) struct DecoderDims {
     pub(crate) joint_hidden: usize,
     pub(crate) n_out: usize,
     pub(crate) layers: usize,
+    /// Rows of layer 0's per-label table: the vocabulary and blank.
+    pub(crate) labels: usize,
 }
 
 impl DecoderDims {
@@ -42,6 +44,7 @@ impl DecoderDims {
             // Labels, blank, then one output per duration.
             n_out: cfg.vocab_size + 1 + cfg.durations.len(),
             layers: cfg.pred_rnn_layers,
+            labels: cfg.vocab_size + 1,
         }
     }
 }
@@ -49,7 +52,10 @@ impl DecoderDims {
 /// `tdt_decode`'s dynamic shared memory for a build, row count and grid (the `shared_*`
 /// fields of its parameters): the staged rows, the block's weight rows (all of them, resident
 /// for the launch, or two streaming buffers of `piece_rows` rows), the products, the row state,
-/// the block's biases, and in the bf16 build the warps' partial products.
+/// the block's biases, and in the bf16 build the warps' partial products; then, where the
+/// weights are resident and there is room, the block's slice of layer 0's per-label table and
+/// its units' cell state and recurrent products (else the kernel reads them from global memory:
+/// the same values, so a row's result does not depend on where they are).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct DecodeLayout {
     /// 0: every weight row the block owns stays in shared memory for the launch.
@@ -60,6 +66,8 @@ pub(crate) struct DecodeLayout {
     pub(crate) row_state_at: usize,
     pub(crate) biases_at: usize,
     pub(crate) warp_sums_at: usize,
+    pub(crate) x_table_at: Option<usize>,
+    pub(crate) cells_at: Option<usize>,
     pub(crate) bytes: usize,
 }
 
@@ -119,6 +127,8 @@ impl DecodeLayout {
                 row_state_at,
                 biases_at,
                 warp_sums_at,
+                x_table_at: None,
+                cells_at: None,
                 bytes: warp_sums_at + warp_sums,
             }
         };
@@ -129,7 +139,13 @@ impl DecodeLayout {
             + (pred + 4 * units) * row_bytes(dims.hidden)
             + joint * row_bytes(dims.joint_hidden);
         if piece_rows.is_none() {
-            if let Some(resident) = layout(0, resident_bytes) {
+            if let Some(mut resident) = layout(0, resident_bytes) {
+                // The table slice first (its misses are on every predicting step's path), then
+                // the cells: c and four recurrent products per layer, row and unit.
+                let table = dims.labels * units * 4 * elem_bytes;
+                resident.x_table_at = append(&mut resident.bytes, table, max_bytes);
+                let cells = dims.layers * rows * units * 5 * 4;
+                resident.cells_at = append(&mut resident.bytes, cells, max_bytes);
                 return Some(resident);
             }
         }
@@ -145,7 +161,16 @@ impl DecodeLayout {
     }
 }
 
-/// `TdtParams` in `decoder.cu`: 19 device addresses, then 16 ints, in this order.
+/// Where `extra` bytes go after `bytes` (16-byte aligned) if they fit in `max_bytes`.
+fn append(bytes: &mut usize, extra: usize, max_bytes: usize) -> Option<usize> {
+    let at = bytes.next_multiple_of(16);
+    (at + extra <= max_bytes).then(|| {
+        *bytes = at + extra;
+        at
+    })
+}
+
+/// `TdtParams` in `decoder.cu`: 19 device addresses, then 18 ints, in this order.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 struct TdtParams {
@@ -184,6 +209,8 @@ struct TdtParams {
     shared_row_state: i32,
     shared_biases: i32,
     shared_warp_sums: i32,
+    shared_x_table: i32,
+    shared_cells: i32,
 }
 
 // SAFETY: plain integers in C layout (8-byte fields first, so no padding), the layout of
@@ -260,11 +287,14 @@ impl GpuDecoder {
         let addr = |s: &cudarc::driver::CudaSlice<f32>| s.device_ptr(stream).0;
         let matrix = |m: &super::weights::KernelMatrix| m.address(stream);
         let p = &ws.ptr;
+        // -1: not in shared memory.
+        let optional_offset =
+            |what, at: Option<usize>| at.map_or(Ok(-1), |at| to_i32(op, what, at));
         Ok(TdtParams {
             rs: p.rs,
             ds: p.ds,
             tokens: p.tokens,
-            x_table: addr(&w.lstm.x_table),
+            x_table: matrix(&w.lstm.x_table),
             w_hh: matrix(&w.lstm.w_hh),
             w_ih: matrix(&w.lstm.w_ih),
             bias: addr(&w.lstm.bias),
@@ -296,6 +326,8 @@ impl GpuDecoder {
             shared_row_state: to_i32(op, "shared_row_state", layout.row_state_at)?,
             shared_biases: to_i32(op, "shared_biases", layout.biases_at)?,
             shared_warp_sums: to_i32(op, "shared_warp_sums", layout.warp_sums_at)?,
+            shared_x_table: optional_offset("shared_x_table", layout.x_table_at)?,
+            shared_cells: optional_offset("shared_cells", layout.cells_at)?,
         })
     }
 
@@ -403,6 +435,7 @@ mod tests {
         joint_hidden: 640,
         n_out: 1030,
         layers: 2,
+        labels: 1025,
     };
     /// The opt-in shared memory per block of an H100/H200 (227 KiB), less tdt_decode's static
     /// 16 bytes.
@@ -422,6 +455,8 @@ mod tests {
         assert_eq!(layout.warp_sums_at, layout.biases_at + 33 * 4 + 12);
         assert_eq!(layout.bytes, layout.warp_sums_at);
         assert!(layout.bytes <= HOPPER_BYTES);
+        // No room for the f32 table slice (82 KB) or the cells: both stay in global memory.
+        assert_eq!((layout.x_table_at, layout.cells_at), (None, None));
     }
 
     #[test]
@@ -434,11 +469,30 @@ mod tests {
         assert_eq!(layout.weights_at, 16 * row);
         assert_eq!(layout.products_at, layout.weights_at + 73 * row);
         assert_eq!(layout.warp_sums_at % 16, 0);
-        assert_eq!(layout.bytes, layout.warp_sums_at + 12 * 64 * 16 * 4);
+        let sums_end = layout.warp_sums_at + 12 * 64 * 16 * 4;
+        // Then the table slice (1025 labels x 5 units x 4 gates of bf16) and the cells (2
+        // layers x 1 row x 5 units x 5 floats), each 16-byte aligned.
+        assert_eq!(layout.x_table_at, Some(sums_end));
+        let cells_at = (sums_end + 1025 * 5 * 4 * 2).next_multiple_of(16);
+        assert_eq!(layout.cells_at, Some(cells_at));
+        assert_eq!(layout.bytes, cells_at + 2 * 5 * 5 * 4);
         assert!(layout.bytes <= HOPPER_BYTES);
+        // 64 rows still fit both; with a little less room the cells stay in global memory.
+        let rows64 = DecodeLayout::new(PARAKEET, StorageKind::Bf16, 64, 132, HOPPER_BYTES, None)
+            .expect("fits");
+        assert!(rows64.x_table_at.is_some() && rows64.cells_at.is_some());
+        let tight = DecodeLayout::new(PARAKEET, StorageKind::Bf16, 64, 132, rows64.bytes - 1, None)
+            .expect("fits");
+        assert_eq!(tight.x_table_at, rows64.x_table_at);
+        assert_eq!(tight.cells_at, None);
+        assert_eq!(
+            Some(tight.bytes),
+            tight.x_table_at.map(|at| at + 1025 * 5 * 4 * 2)
+        );
         let streamed = DecodeLayout::new(PARAKEET, StorageKind::Bf16, 16, 33, HOPPER_BYTES, None)
             .expect("fits");
         assert!(streamed.piece_rows > 0 && streamed.piece_rows <= 160);
+        assert_eq!((streamed.x_table_at, streamed.cells_at), (None, None));
         assert_eq!(
             streamed.products_at,
             streamed.weights_at + 2 * streamed.piece_rows * row

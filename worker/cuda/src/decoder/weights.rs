@@ -1,7 +1,8 @@
 //! The prediction and joint networks on the device. The matrices the decoding kernel multiplies
 //! are in its build's storage type: f32 for the exact decoder (its choices are the CPU
 //! reference's even where two logits are a hair apart), bf16 for the bf16 engine's (rounded to
-//! nearest even once, at load). Biases and the per-label table stay f32. The encoder-side joint
+//! nearest even once, at load), and so is layer 0's per-label table (computed in f32 first).
+//! Biases stay f32. The encoder-side joint
 //! projection runs once per batch through cuBLASLt (fp32 operands).
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
@@ -44,8 +45,9 @@ impl KernelMatrix {
 /// o). Layer 0's input product depends only on the label fed, so it is tabulated per label at
 /// load (`x_table`) and its `W_ih` is not kept.
 pub(crate) struct LstmWeights {
-    /// `[vocab + 1, 4H]`: `W_ih x + b_ih + b_hh` of layer 0 for every label's embedding `x`.
-    pub(crate) x_table: CudaSlice<f32>,
+    /// `[vocab + 1, H, 4]`: `W_ih x + b_ih + b_hh` of layer 0 for every label's embedding `x`,
+    /// the four gates of a unit together (one load in the kernel).
+    pub(crate) x_table: KernelMatrix,
     /// `[layers, 4H, H]`.
     pub(crate) w_hh: KernelMatrix,
     /// `[layers - 1, 4H, H]`: the layers above the first (one unused value when there are none).
@@ -152,16 +154,24 @@ impl LstmWeights {
         )?;
         let w_ih0 = engine.upload(&tensors.get(&name("weight_ih", 0), &[4 * h, h])?.data)?;
         let bias0 = engine.upload(&bias(0)?)?;
-        let mut x_table = engine.zeros::<f32>(labels * 4 * h)?;
+        let mut table = engine.zeros::<f32>(labels * 4 * h)?;
         engine.matmul(
             &MatmulSpec::linear(labels, h, 4 * h),
             &embedding,
             &w_ih0,
             Some(&bias0),
-            &mut x_table,
+            &mut table,
         )?;
+        // [label][gate][unit] -> [label][unit][gate], then the storage type.
+        let table = engine.download(&table)?;
+        let mut by_unit = vec![0.0f32; table.len()];
+        for (label, row) in table.chunks_exact(4 * h).enumerate() {
+            for (i, v) in row.iter().enumerate() {
+                by_unit[label * 4 * h + (i % h) * 4 + i / h] = *v;
+            }
+        }
         Ok(Self {
-            x_table,
+            x_table: KernelMatrix::upload(engine, storage, &by_unit)?,
             w_hh: KernelMatrix::upload(engine, storage, &w_hh)?,
             w_ih: KernelMatrix::upload(engine, storage, &w_ih)?,
             bias: engine.upload(&upper_bias)?,
