@@ -66,7 +66,7 @@
 #define DS_CLOCK 1   // steps run ever in this workspace (the tags of the joint input, choice)
 #define DS_EPOCHS 2  // predicting steps run ever in this workspace (the tags of h)
 
-#define DEC_WARPS 12  // warps per block (12: 168 registers each; the f32 build spills 56 bytes)
+#define DEC_WARPS 12  // warps per block (12: 168 registers each; the f32 build spills 12 bytes)
 #define ROW_CHUNK 16  // batch rows staged per pass
 #define TILE 4        // weight rows per micro-tile
 #define MR_MAX 4      // batch rows per micro-tile
