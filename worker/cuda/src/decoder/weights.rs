@@ -2,8 +2,8 @@
 //! are in its build's storage type: f32 for the exact decoder (its choices are the CPU
 //! reference's even where two logits are a hair apart), bf16 for the bf16 engine's (rounded to
 //! nearest even once, at load), and so is layer 0's per-label table (computed in f32 first).
-//! Biases stay f32. The encoder-side joint
-//! projection runs once per batch through cuBLASLt (fp32 operands).
+//! Biases stay f32. The encoder-side joint projection runs once per batch through cuBLASLt
+//! (fp32 operands).
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use half::bf16;
