@@ -297,10 +297,14 @@ struct Cells {
     }
 };
 
+// The cells where they are kept between launches (the workspace).
+__device__ __forceinline__ Cells workspace_cells(const TdtParams& p) {
+    return {p.c, reinterpret_cast<float4*>(p.rec), (long long)p.rows * p.hidden, p.hidden,
+            (int)blockIdx.x, (int)gridDim.x};
+}
+
 __device__ __forceinline__ Cells cells_at(char* shared, const TdtParams& p, const Owned& own) {
-    if (p.shared_cells < 0)
-        return {p.c, reinterpret_cast<float4*>(p.rec), (long long)p.rows * p.hidden, p.hidden,
-                (int)blockIdx.x, (int)gridDim.x};
+    if (p.shared_cells < 0) return workspace_cells(p);
     float4* rec = reinterpret_cast<float4*>(shared + p.shared_cells);
     const int n = p.layers * p.rows * own.units;
     return {reinterpret_cast<float*>(rec + n), rec, (long long)p.rows * own.units, own.units, 0, 1};
@@ -311,18 +315,23 @@ __device__ __forceinline__ Cells cells_at(char* shared, const TdtParams& p, cons
 __device__ void move_cells(const TdtParams& p, const Owned& own, const Cells& cells,
                            bool to_shared) {
     if (p.shared_cells < 0) return;
-    float4* rec = reinterpret_cast<float4*>(p.rec);
+    const Cells kept = workspace_cells(p);
     for (int i = threadIdx.x; i < p.layers * p.rows * own.units; i += blockDim.x) {
         const int u = i % own.units, row = i / own.units % p.rows, l = i / own.units / p.rows;
-        const long long at = ((long long)l * p.rows + row) * p.hidden + blockIdx.x + u * gridDim.x;
+        const long long at = kept.at(l, row, u);
         if (to_shared) {
-            cells.rec[i] = __ldcg(rec + at);
-            cells.c[i] = __ldcg(p.c + at);
+            cells.rec[i] = __ldcg(kept.rec + at);
+            cells.c[i] = __ldcg(kept.c + at);
         } else {
-            rec[at] = cells.rec[i];
-            p.c[at] = cells.c[i];
+            kept.rec[at] = cells.rec[i];
+            kept.c[at] = cells.c[i];
         }
     }
+}
+
+// x_table's row for a label at owned unit u in global memory (its four gates).
+__device__ __forceinline__ const bf16_t* x_table_global(const TdtParams& p, int label, int u) {
+    return p.x_table + ((long long)label * p.hidden + blockIdx.x + u * gridDim.x) * 4;
 }
 
 // Copies the block's slice of x_table into shared memory where the layout has room.
@@ -331,8 +340,7 @@ __device__ void load_x_table_slice(char* shared, const TdtParams& p, const Owned
     bf16_t* dst = reinterpret_cast<bf16_t*>(shared + p.shared_x_table);
     for (int i = threadIdx.x; i < p.n_classes * own.units; i += blockDim.x) {
         const int u = i % own.units, label = i / own.units;
-        const bf16_t* src =
-            p.x_table + ((long long)label * p.hidden + blockIdx.x + u * gridDim.x) * 4;
+        const bf16_t* src = x_table_global(p, label, u);
 #pragma unroll
         for (int g = 0; g < 4; ++g) dst[i * 4 + g] = src[g];
     }
@@ -345,7 +353,7 @@ __device__ __forceinline__ float4 x_table_row(const char* shared, const TdtParam
         p.shared_x_table >= 0
             ? reinterpret_cast<const bf16_t*>(shared + p.shared_x_table) +
                   ((long long)label * own.units + u) * 4
-            : p.x_table + ((long long)label * p.hidden + blockIdx.x + u * gridDim.x) * 4;
+            : x_table_global(p, label, u);
 #ifdef CUDA_ENGINE_F32_STORAGE
     return *reinterpret_cast<const float4*>(x);
 #else
