@@ -979,33 +979,35 @@ __device__ void joint_phase(const TdtParams& p, const Owned& own, const int* srs
             phase_products(p, own, PH_JOINT, 0, weights, stage, sel, y, [&] {
                 stage_tagged(stage, in, row0, sel, J, JOINT_WORD_TAG, want);
             });
-        // One thread per row scans its outputs in increasing order with strict '>': the first
-        // index of the maximum.
-        const int r = threadIdx.x, row = row0 + r;
-        if (r >= ROW_CHUNK || row >= p.rows) continue;
-        float best_label = 0.0f, best_duration = 0.0f;
-        int label = -1, duration = -1;  // -1: none of this block's outputs is of the kind
-        if (sel >> r & 1) {
-            for (int j = 0; j < own.joint; ++j) {
+        // KEY_LANES lanes per row (threads 0 .. ROW_CHUNK * KEY_LANES): lane q takes outputs q,
+        // q + KEY_LANES, ...; the greatest key (greater value, then lower index) is the first
+        // maximum.
+        constexpr int KEY_LANES = 8;
+        const int r = threadIdx.x / KEY_LANES, q = threadIdx.x % KEY_LANES, row = row0 + r;
+        if (threadIdx.x >= ROW_CHUNK * KEY_LANES) continue;  // whole warps
+        const unsigned lanes = 0xffu << (threadIdx.x & 31 & ~(KEY_LANES - 1));
+        unsigned long long best_label = choice_key(0.0f, -1, step_tag), best_duration = best_label;
+        if (row < p.rows && (sel >> r & 1)) {
+            for (int j = q; j < own.joint; j += KEY_LANES) {
                 const int o = blockIdx.x + j * gridDim.x;
                 const float v = y[j * ROW_CHUNK + r] + biases.joint[j];
-                if (o < p.n_classes) {
-                    if (label < 0 || v > best_label) {
-                        best_label = v;
-                        label = o;
-                    }
-                } else if (duration < 0 || v > best_duration) {
-                    best_duration = v;
-                    duration = o - p.n_classes;
-                }
+                if (o < p.n_classes)
+                    best_label = max(best_label, choice_key(v, o, step_tag));
+                else
+                    best_duration = max(best_duration, choice_key(v, o - p.n_classes, step_tag));
             }
         }
+#pragma unroll
+        for (int offset = KEY_LANES / 2; offset > 0; offset >>= 1) {
+            best_label = max(best_label, __shfl_xor_sync(lanes, best_label, offset));
+            best_duration = max(best_duration, __shfl_xor_sync(lanes, best_duration, offset));
+        }
+        if (q != 0 || row >= p.rows) continue;
         unsigned long long* out = keys + (long long)row * gridDim.x + blockIdx.x;
-        store_key(out, choice_key(best_label, label, step_tag));
+        store_key(out, best_label);
         // Only the blocks that own duration outputs write (and are read for) the durations.
         if (own.joint > 0 && (int)blockIdx.x + (own.joint - 1) * (int)gridDim.x >= p.n_classes)
-            store_key(out + (long long)p.rows * gridDim.x,
-                      choice_key(best_duration, duration, step_tag));
+            store_key(out + (long long)p.rows * gridDim.x, best_duration);
     }
 }
 
