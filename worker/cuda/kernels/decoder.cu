@@ -815,10 +815,11 @@ __device__ void layer0_cells(const TdtParams& p, const Owned& own, const int* sr
 }
 
 // Stores the recurrent products y[first + 4i + g] (unit i, gate g) of a layer for the
-// selected rows of the chunk at row0.
+// selected rows of the chunk at row0. The block's last threads take the first items: the
+// first threads are computing what other blocks wait for (cells, the joint's input).
 __device__ void store_recurrent(const Owned& own, const Cells& cells, int layer, const float* y,
                                 int first, int row0, unsigned sel) {
-    for (int i = threadIdx.x; i < own.units * ROW_CHUNK; i += blockDim.x) {
+    for (int i = blockDim.x - 1 - threadIdx.x; i < own.units * ROW_CHUNK; i += blockDim.x) {
         const int u = i / ROW_CHUNK, r = i % ROW_CHUNK;
         if (!(sel >> r & 1)) continue;
         const float* v = y + (first + 4 * u) * ROW_CHUNK + r;
