@@ -33,6 +33,8 @@ impl LoadLock {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use std::time::{Duration, Instant};
+
     use super::*;
 
     #[test]
@@ -42,6 +44,16 @@ mod tests {
         let first = LoadLock::try_acquire(&path).unwrap().expect("free");
         assert!(LoadLock::try_acquire(&path).unwrap().is_none());
         drop(first);
-        assert!(LoadLock::try_acquire(&path).unwrap().is_some());
+        // A test on another thread that spawns a process forks with this descriptor open; the
+        // child shares the lock until its exec closes it (close-on-exec), so the release may
+        // lag the drop by that long. The supervisor retries on its next tick for the same reason.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while LoadLock::try_acquire(&path).unwrap().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "lock still held 5 s after release"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
