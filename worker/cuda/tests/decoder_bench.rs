@@ -4,7 +4,8 @@
 //! label, so nearly every step runs the prediction network and the joint for every row: the
 //! most expensive kind of step.
 //!
-//! Ignored by default; run on a GPU with `REQUIRE_CUDA=1 ./decoder_bench --ignored --nocapture`.
+//! Ignored by default; run on a GPU with `REQUIRE_CUDA=1 ./decoder_bench --ignored --nocapture`
+//! (`DECODER_BENCH_ONLY` picks cases by label).
 //! Two figures per case, each a median over repeated decodes divided by the steps the kernel
 //! ran: the whole decode of the batch (the encoder-side joint projection, the graph replay, the
 //! row-state and token downloads included), and the decoding launch alone (the graph replay,
@@ -68,6 +69,10 @@ fn decoder_step_time_full_size_random_weights() -> Result<()> {
             .with_layout(Some(sms.min(33)), None)?;
         decoders.push((format!("{name} 33 blocks"), quarter));
     }
+    // DECODER_BENCH_ONLY="bf16 whole" runs only the cases whose label contains it (a variant
+    // kernel that only some layouts launch).
+    let only = std::env::var("DECODER_BENCH_ONLY").unwrap_or_default();
+    decoders.retain(|(label, _)| label.contains(only.as_str()));
     for (label, decoder) in &decoders {
         decoder.warm_up(
             &engine,
