@@ -69,8 +69,9 @@ fn decoder_step_time_full_size_random_weights() -> Result<()> {
             .with_layout(Some(sms.min(33)), None)?;
         decoders.push((format!("{name} 33 blocks"), quarter));
     }
-    // DECODER_BENCH_ONLY="bf16 whole" runs only the cases whose label contains it (a variant
-    // kernel that only some layouts launch).
+    // DECODER_BENCH_ONLY="bf16 whole" runs only the cases whose label contains it (a quick
+    // A/B, or a variant kernel that only some layouts launch). Skipped cases draw no inputs,
+    // so the others decode different random inputs than in a full run.
     let only = std::env::var("DECODER_BENCH_ONLY").unwrap_or_default();
     decoders.retain(|(label, _)| label.contains(only.as_str()));
     for (label, decoder) in &decoders {
