@@ -20,9 +20,9 @@
 //
 // Every block keeps its own copy of the row state in shared memory and makes the same choices
 // from the same joint outputs, so the blocks agree on what runs next without exchanging more;
-// block 0 alone writes tokens and the final row state. Block b owns LSTM units b, b + G, ...
-// (their four gate rows in every matrix, their cell state and recurrent products) and outputs
-// b, b + G, ... of joint.pred and of the joint. Its weight rows stay in shared memory for the
+// block 0 alone writes tokens and the final row state. Block b owns a contiguous range of LSTM
+// units (their four gate rows in every matrix, their cell state and recurrent products), of
+// joint.pred's outputs and of the joint's. Its weight rows stay in shared memory for the
 // whole launch where they fit (`piece_rows` 0: one block per SM of a whole GPU), else they
 // stream through two buffers of `piece_rows` rows (cp.async, the next piece in flight while
 // this one is used). A product is computed in micro-tiles of TILE weight rows x up to MR_MAX
@@ -234,19 +234,34 @@ struct TdtParams {
     int shared_cells;
 };
 
-// What this block owns: LSTM units per layer, joint.pred outputs, joint outputs.
+// What this block owns: LSTM units per layer, joint.pred outputs, joint outputs, each a
+// contiguous range (`*0` its first index), so that the few bytes a block writes of a row sit
+// together and every 16-byte piece of an exchanged row has at most a few writers. Blocks below
+// n % G own one more than the others.
 struct Owned {
-    int units;
-    int pred;
-    int joint;
+    int units, unit0;
+    int pred, pred0;
+    int joint, joint0;
 };
 
 __device__ __forceinline__ int owned_of(int n) {
-    return (n - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+    return n / (int)gridDim.x + ((int)blockIdx.x < n % (int)gridDim.x ? 1 : 0);
+}
+
+__device__ __forceinline__ int owned_start(int n) {
+    const int b = blockIdx.x, G = gridDim.x;
+    return b * (n / G) + min(b, n % G);
+}
+
+// The block that owns index i of n.
+__device__ __forceinline__ int owner_of(int n, int i) {
+    const int G = gridDim.x, q = n / G, cut = (n % G) * (q + 1);
+    return i < cut ? i / (q + 1) : n % G + (i - cut) / q;
 }
 
 __device__ __forceinline__ Owned owned(const TdtParams& p) {
-    return {owned_of(p.hidden), owned_of(p.joint_hidden), owned_of(p.n_out)};
+    return {owned_of(p.hidden),       owned_start(p.hidden), owned_of(p.joint_hidden),
+            owned_start(p.joint_hidden), owned_of(p.n_out),  owned_start(p.n_out)};
 }
 
 __device__ __forceinline__ int phase_rows(const Owned& own, int kind) {
@@ -272,13 +287,13 @@ __device__ __forceinline__ Biases biases_at(float* base, const TdtParams& p, con
 }
 
 __device__ void load_biases(const Biases& s, const TdtParams& p, const Owned& own) {
-    const int H = p.hidden, b = blockIdx.x, G = gridDim.x;
+    const int H = p.hidden;
     for (int i = threadIdx.x; i < (p.layers - 1) * 4 * own.units; i += blockDim.x) {
         const int u = i % own.units, gate = i / own.units % 4, l = i / (4 * own.units);
-        s.lstm[i] = p.bias[((long long)l * 4 + gate) * H + b + u * G];
+        s.lstm[i] = p.bias[((long long)l * 4 + gate) * H + own.unit0 + u];
     }
-    for (int j = threadIdx.x; j < own.pred; j += blockDim.x) s.pred[j] = p.pred_b[b + j * G];
-    for (int j = threadIdx.x; j < own.joint; j += blockDim.x) s.joint[j] = p.out_b[b + j * G];
+    for (int j = threadIdx.x; j < own.pred; j += blockDim.x) s.pred[j] = p.pred_b[own.pred0 + j];
+    for (int j = threadIdx.x; j < own.joint; j += blockDim.x) s.joint[j] = p.out_b[own.joint0 + j];
 }
 
 // The cell state and recurrent products of the block's units (only the owning block reads or
@@ -298,13 +313,13 @@ struct Cells {
 };
 
 // The cells where they are kept between launches (the workspace).
-__device__ __forceinline__ Cells workspace_cells(const TdtParams& p) {
+__device__ __forceinline__ Cells workspace_cells(const TdtParams& p, const Owned& own) {
     return {p.c, reinterpret_cast<float4*>(p.rec), (long long)p.rows * p.hidden, p.hidden,
-            (int)blockIdx.x, (int)gridDim.x};
+            own.unit0, 1};
 }
 
 __device__ __forceinline__ Cells cells_at(char* shared, const TdtParams& p, const Owned& own) {
-    if (p.shared_cells < 0) return workspace_cells(p);
+    if (p.shared_cells < 0) return workspace_cells(p, own);
     float4* rec = reinterpret_cast<float4*>(shared + p.shared_cells);
     const int n = p.layers * p.rows * own.units;
     return {reinterpret_cast<float*>(rec + n), rec, (long long)p.rows * own.units, own.units, 0, 1};
@@ -315,7 +330,7 @@ __device__ __forceinline__ Cells cells_at(char* shared, const TdtParams& p, cons
 __device__ void move_cells(const TdtParams& p, const Owned& own, const Cells& cells,
                            bool to_shared) {
     if (p.shared_cells < 0) return;
-    const Cells kept = workspace_cells(p);
+    const Cells kept = workspace_cells(p, own);
     for (int i = threadIdx.x; i < p.layers * p.rows * own.units; i += blockDim.x) {
         const int u = i % own.units, row = i / own.units % p.rows, l = i / own.units / p.rows;
         const long long at = kept.at(l, row, u);
@@ -330,8 +345,9 @@ __device__ void move_cells(const TdtParams& p, const Owned& own, const Cells& ce
 }
 
 // x_table's row for a label at owned unit u in global memory (its four gates).
-__device__ __forceinline__ const bf16_t* x_table_global(const TdtParams& p, int label, int u) {
-    return p.x_table + ((long long)label * p.hidden + blockIdx.x + u * gridDim.x) * 4;
+__device__ __forceinline__ const bf16_t* x_table_global(const TdtParams& p, const Owned& own,
+                                                       int label, int u) {
+    return p.x_table + ((long long)label * p.hidden + own.unit0 + u) * 4;
 }
 
 // Copies the block's slice of x_table into shared memory where the layout has room.
@@ -340,7 +356,7 @@ __device__ void load_x_table_slice(char* shared, const TdtParams& p, const Owned
     bf16_t* dst = reinterpret_cast<bf16_t*>(shared + p.shared_x_table);
     for (int i = threadIdx.x; i < p.n_classes * own.units; i += blockDim.x) {
         const int u = i % own.units, label = i / own.units;
-        const bf16_t* src = x_table_global(p, label, u);
+        const bf16_t* src = x_table_global(p, own, label, u);
 #pragma unroll
         for (int g = 0; g < 4; ++g) dst[i * 4 + g] = src[g];
     }
@@ -353,7 +369,7 @@ __device__ __forceinline__ float4 x_table_row(const char* shared, const TdtParam
         p.shared_x_table >= 0
             ? reinterpret_cast<const bf16_t*>(shared + p.shared_x_table) +
                   ((long long)label * own.units + u) * 4
-            : x_table_global(p, label, u);
+            : x_table_global(p, own, label, u);
 #ifdef CUDA_ENGINE_F32_STORAGE
     return *reinterpret_cast<const float4*>(x);
 #else
@@ -376,10 +392,10 @@ __device__ __forceinline__ long long resident_offset(const TdtParams& p, const O
 // Weight row o of this block's rows of phase (kind, layer).
 __device__ const bf16_t* weight_row(const TdtParams& p, const Owned& own, int kind, int layer,
                                    int o) {
-    const int H = p.hidden, b = blockIdx.x, G = gridDim.x;
+    const int H = p.hidden;
     // Row i of the owned units' gate rows: unit i / 4, gate i % 4.
     auto gate_row = [&](const bf16_t* w, int i) {
-        return w + ((long long)(i % 4) * H + b + (i / 4) * G) * H;
+        return w + ((long long)(i % 4) * H + own.unit0 + i / 4) * H;
     };
     const long long matrix = 4LL * H * H;
     if (kind == PH_LSTM) {
@@ -388,10 +404,10 @@ __device__ const bf16_t* weight_row(const TdtParams& p, const Owned& own, int ki
                      : gate_row(p.w_hh + (layer - 1) * matrix, o - n);
     }
     if (kind == PH_PRED) {
-        return o < own.pred ? p.pred_w + (long long)(b + o * G) * H
+        return o < own.pred ? p.pred_w + (long long)(own.pred0 + o) * H
                             : gate_row(p.w_hh + (p.layers - 1) * matrix, o - own.pred);
     }
-    return p.out_w + (long long)(b + o * G) * p.joint_hidden;
+    return p.out_w + (long long)(own.joint0 + o) * p.joint_hidden;
 }
 
 // Starts copying rows first .. first + n of phase (kind, layer) to dst [n][row_stride(k)]
@@ -809,7 +825,7 @@ __device__ void layer0_cells(const TdtParams& p, const Owned& own, const int* sr
             value =
                 lstm_cell(x.x + r.x, x.y + r.y, x.z + r.z, x.w + r.w, cells.c[at], cells.c, at);
         }
-        store_shared_value(h + (long long)row * H + blockIdx.x + u * gridDim.x,
+        store_shared_value(h + (long long)row * H + own.unit0 + u,
                            tagged_h(value, e.tag));
     }
 }
@@ -846,7 +862,7 @@ __device__ void lstm_phase(const TdtParams& p, const Owned& own, int l, const in
         // cell loads them now, so where they are in global memory the round trip overlaps the
         // products.
         auto h_index = [&](int i) {
-            return (long long)(row0 + i % ROW_CHUNK) * H + blockIdx.x + (i / ROW_CHUNK) * gridDim.x;
+            return (long long)(row0 + i % ROW_CHUNK) * H + own.unit0 + i / ROW_CHUNK;
         };
         auto cell_at = [&](int i) { return cells.at(l, row0 + i % ROW_CHUNK, i / ROW_CHUNK); };
         if (sel != 0) {  // uniform: every thread reads the same shared row state
@@ -894,10 +910,10 @@ struct JointItem {
     float* pred;
 };
 
-__device__ __forceinline__ JointItem joint_item(const TdtParams& p, const int* srs, int row0,
-                                                int i) {
+__device__ __forceinline__ JointItem joint_item(const TdtParams& p, const Owned& own,
+                                                const int* srs, int row0, int i) {
     const int J = p.joint_hidden, row = row0 + i % ROW_CHUNK;
-    const int o = blockIdx.x + (i / ROW_CHUNK) * gridDim.x;
+    const int o = own.pred0 + i / ROW_CHUNK;
     if (row >= p.rows) return {false, 0.0f, nullptr};
     const int* st = srs + row * RS_FIELDS;
     float* pred = p.pred_proj + (long long)row * J + o;
@@ -919,7 +935,7 @@ __device__ void joint_input_chunk(const TdtParams& p, const Owned& own, const in
         const int j = i / ROW_CHUNK, r = i % ROW_CHUNK, row = row0 + r;
         if (row >= p.rows) continue;
         const bool first = early != nullptr && i == (int)threadIdx.x;
-        const JointItem item = first ? *early : joint_item(p, srs, row0, i);
+        const JointItem item = first ? *early : joint_item(p, own, srs, row0, i);
         float value = 0.0f;
         if (item.active) {
             float v;
@@ -931,7 +947,7 @@ __device__ void joint_input_chunk(const TdtParams& p, const Owned& own, const in
             }
             value = v + item.enc;
         }
-        const int o = blockIdx.x + j * gridDim.x;
+        const int o = own.pred0 + j;
         store_shared_value(out + (long long)row * J + o, tagged_joint_input(value, s.tag));
     }
 }
@@ -951,7 +967,7 @@ __device__ void pred_phase(const TdtParams& p, const Owned& own, const int* srs,
         JointItem early = {false, 0.0f, nullptr};
         float early_pred = 0.0f;
         if (has_early) {
-            early = joint_item(p, srs, row0, threadIdx.x);
+            early = joint_item(p, own, srs, row0, threadIdx.x);
             if (early.active && !(sel >> (threadIdx.x % ROW_CHUNK) & 1))
                 early_pred = __ldcg(early.pred);
         }
@@ -990,7 +1006,7 @@ __device__ void joint_phase(const TdtParams& p, const Owned& own, const int* srs
         unsigned long long best_label = choice_key(0.0f, -1, step_tag), best_duration = best_label;
         if (row < p.rows && (sel >> r & 1)) {
             for (int j = q; j < own.joint; j += KEY_LANES) {
-                const int o = blockIdx.x + j * gridDim.x;
+                const int o = own.joint0 + j;
                 const float v = y[j * ROW_CHUNK + r] + biases.joint[j];
                 if (o < p.n_classes)
                     best_label = max(best_label, choice_key(v, o, step_tag));
@@ -1007,7 +1023,7 @@ __device__ void joint_phase(const TdtParams& p, const Owned& own, const int* srs
         unsigned long long* out = keys + (long long)row * gridDim.x + blockIdx.x;
         store_key(out, best_label);
         // Only the blocks that own duration outputs write (and are read for) the durations.
-        if (own.joint > 0 && (int)blockIdx.x + (own.joint - 1) * (int)gridDim.x >= p.n_classes)
+        if (own.joint > 0 && own.joint0 + own.joint - 1 >= p.n_classes)
             store_key(out + (long long)p.rows * gridDim.x, best_duration);
     }
 }
@@ -1016,8 +1032,8 @@ __device__ void joint_phase(const TdtParams& p, const Owned& own, const int* srs
 // row (`label_keys`: the row's keys of block 0 onwards; its duration keys `kind_stride` on), in
 // every lane of a group of GROUP_LANES lanes (`lanes`: the group's mask). Each lane loads its
 // keys all at once (one round trip for up to GROUP_LANES * LOAD_BATCH blocks) and loads again
-// those whose tag is not yet the step's. Duration output d is owned by block
-// (n_classes + d) % grid.
+// those whose tag is not yet the step's. The duration outputs (the last n_durations) are owned
+// by the blocks from owner_of(n_out, n_classes) to owner_of(n_out, n_out - 1).
 #define GROUP_LANES 16
 __device__ int2 group_best(const TdtParams& p, const unsigned long long* label_keys,
                            long long kind_stride, unsigned lanes, unsigned tag) {
@@ -1026,11 +1042,12 @@ __device__ int2 group_best(const TdtParams& p, const unsigned long long* label_k
     // Load j of this lane: label keys of blocks lane + 16 j while they last, then the duration
     // keys of outputs lane + 16 i.
     const int label_loads = (blocks - lane + GROUP_LANES - 1) / GROUP_LANES;
-    const int duration_loads = (p.n_durations - lane + GROUP_LANES - 1) / GROUP_LANES;
+    const int first_owner = owner_of(p.n_out, p.n_classes);
+    const int owners = owner_of(p.n_out, p.n_out - 1) + 1 - first_owner;
+    const int duration_loads = (owners - lane + GROUP_LANES - 1) / GROUP_LANES;
     auto key_at = [&](int j) {
         if (j < label_loads) return label_keys + lane + j * GROUP_LANES;
-        const int d = lane + (j - label_loads) * GROUP_LANES;
-        return label_keys + kind_stride + (p.n_classes + d) % blocks;
+        return label_keys + kind_stride + first_owner + lane + (j - label_loads) * GROUP_LANES;
     };
     unsigned long long best[2] = {0ull, 0ull};
     auto load = [&](const unsigned long long* at) {
