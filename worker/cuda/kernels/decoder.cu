@@ -692,7 +692,9 @@ __device__ void phase_products(const TdtParams& p, const Owned& own, int kind, i
                                Stage stage_input) {
     const int n = phase_rows(own, kind), k = phase_inner(p, kind);
     const int piece = p.piece_rows;
-    __syncthreads();  // the previous chunk is done with the stage, the buffers and y
+    // Streaming: the previous chunk is done with the stage, the buffers and y. Resident, the
+    // barriers of the previous products and of this one's staging suffice.
+    if (piece > 0) __syncthreads();
     SUB_MARK(kind, 0);
     if (piece > 0) {
         copy_weight_rows(weights, p, own, kind, layer, 0, min(piece, n));
