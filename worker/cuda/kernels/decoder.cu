@@ -46,7 +46,8 @@
 // A writer writes every row's slot of its outputs at every use (a tagged zero where the row
 // has nothing), so a slot is never older than two uses. Each block writes a half only after it
 // has read every block's values of the step before, which were written after their writers
-// read this half's previous values. The launch must be cooperative: a reader spins until the
+// read this half's previous values (layer 0's h of a row that predicts is written as soon as
+// the row's keys from every block are read: each block wrote them after its own stagings). The launch must be cooperative: a reader spins until the
 // writer, another block, has run.
 //
 // Row state `rs[row * RS_FIELDS + field]`:
@@ -445,6 +446,26 @@ __device__ unsigned active_rows(const int* srs, int row0, int rows) {
     return sel;
 }
 
+// The step's masks of predicting and active rows per chunk, worked out once at the start of a
+// step (the row state changes only in the choice): the phases read one word instead of
+// scanning 16 rows' state each. Chunks past MASK_CHUNKS scan.
+#define MASK_CHUNKS 16
+struct RowMasks {
+    unsigned predicting[MASK_CHUNKS];
+    unsigned active[MASK_CHUNKS];
+};
+__shared__ RowMasks step_masks;
+
+__device__ __forceinline__ unsigned step_predicting(const int* srs, int row0, int rows) {
+    const int chunk = row0 / ROW_CHUNK;
+    return chunk < MASK_CHUNKS ? step_masks.predicting[chunk] : predicting_rows(srs, row0, rows);
+}
+
+__device__ __forceinline__ unsigned step_active(const int* srs, int row0, int rows) {
+    const int chunk = row0 / ROW_CHUNK;
+    return chunk < MASK_CHUNKS ? step_masks.active[chunk] : active_rows(srs, row0, rows);
+}
+
 // Copies the selected rows of a tagged buffer src ([rows, k], written by other blocks) to dst
 // ([ROW_CHUNK, row_stride(k)]) with the tags cleared, waiting for each 16-byte piece until
 // every word's tag bits (`word_tag`) read `want`. All of a thread's loads are in flight at once,
@@ -810,25 +831,35 @@ __device__ __forceinline__ float lstm_cell(float gi, float gf, float gg, float g
     return cell_sigmoid(go) * cell_tanh(cell);
 }
 
-// Layer 0 for the owned units of every row: rows that predict get the cell (table row of the
-// label + recurrent product), the others a tagged zero.
+// Layer 0's cell of owned unit u for a row that feeds `label`: table row of the label +
+// recurrent product; stores the new h, tagged for epoch e.
+__device__ __forceinline__ void layer0_cell(const TdtParams& p, const Owned& own,
+                                            const char* shared, const Cells& cells, Use e,
+                                            int row, int u, int label) {
+    const long long at = cells.at(0, row, u);
+    const float4 x = x_table_row(shared, p, own, label, u);
+    const float4 r = cells.rec[at];
+    const float h =
+        lstm_cell(x.x + r.x, x.y + r.y, x.z + r.z, x.w + r.w, cells.c[at], cells.c, at);
+    store_shared_value(h_at(p, e, 0) + (long long)row * p.hidden + own.unit0 + u,
+                       tagged_h(h, e.tag));
+}
+
+// Layer 0 for the owned units of every row: rows that predict get the cell, the others a
+// tagged zero. `predicted`: the predicting rows' cells were computed by the step before, as
+// soon as it chose their labels (`advance_phase`); only the others are written.
 __device__ void layer0_cells(const TdtParams& p, const Owned& own, const int* srs,
-                             const char* shared, const Cells& cells, Use e) {
-    const int H = p.hidden;
+                             const char* shared, const Cells& cells, Use e, bool predicted) {
     bf16_t* h = h_at(p, e, 0);
     for (int i = threadIdx.x; i < own.units * p.rows; i += blockDim.x) {
         const int u = i / p.rows, row = i % p.rows;
         const int* s = srs + row * RS_FIELDS;
-        float value = 0.0f;
         if (s[RS_NEED_PREDICT] && row_active(s)) {
-            const long long at = cells.at(0, row, u);
-            const float4 x = x_table_row(shared, p, own, s[RS_LABEL], u);
-            const float4 r = cells.rec[at];
-            value =
-                lstm_cell(x.x + r.x, x.y + r.y, x.z + r.z, x.w + r.w, cells.c[at], cells.c, at);
+            if (!predicted) layer0_cell(p, own, shared, cells, e, row, u, s[RS_LABEL]);
+        } else {
+            store_shared_value(h + (long long)row * p.hidden + own.unit0 + u,
+                               tagged_h(0.0f, e.tag));
         }
-        store_shared_value(h + (long long)row * H + own.unit0 + u,
-                           tagged_h(value, e.tag));
     }
 }
 
@@ -858,7 +889,7 @@ __device__ void lstm_phase(const TdtParams& p, const Owned& own, int l, const in
     const float* bias = biases.lstm + (l - 1) * 4 * own.units;
     const unsigned want = e.tag ? H_WORD_TAG : 0u;
     for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK) {
-        const unsigned sel = predicting_rows(srs, row0, p.rows);
+        const unsigned sel = step_predicting(srs, row0, p.rows);
         // Cell i of the epilogue: unit i / ROW_CHUNK, row i % ROW_CHUNK. This block wrote its
         // cells' state and recurrent products itself, in earlier phases: the thread's first
         // cell loads them now, so where they are in global memory the round trip overlaps the
@@ -962,7 +993,7 @@ __device__ void pred_phase(const TdtParams& p, const Owned& own, const int* srs,
     const bf16_t* h_top = h_at(p, e, p.layers - 1);
     const unsigned want = e.tag ? H_WORD_TAG : 0u;
     for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK) {
-        const unsigned sel = predicting_rows(srs, row0, p.rows);
+        const unsigned sel = step_predicting(srs, row0, p.rows);
         // The thread's first joint input item: its frame's projection and old pred_proj load
         // now, so their round trip overlaps the products.
         const bool has_early = (int)threadIdx.x < own.pred * ROW_CHUNK;
@@ -993,7 +1024,7 @@ __device__ void joint_phase(const TdtParams& p, const Owned& own, const int* srs
     const bf16_t* in = joint_in_at(p, s);
     const unsigned want = s.tag ? JOINT_WORD_TAG : 0u;
     for (int row0 = 0; row0 < p.rows; row0 += ROW_CHUNK) {
-        const unsigned sel = active_rows(srs, row0, p.rows);
+        const unsigned sel = step_active(srs, row0, p.rows);
         if (sel != 0)
             phase_products(p, own, PH_JOINT, 0, weights, stage, sel, y, [&] {
                 stage_tagged(stage, in, row0, sel, J, JOINT_WORD_TAG, want);
@@ -1093,9 +1124,12 @@ __device__ int2 group_best(const TdtParams& p, const unsigned long long* label_k
 // Every block: choose each active row's label and duration from the blocks' keys and move the row
 // on (the CPU loop's rules) in its shared row state; block 0 also writes the tokens. A row that
 // would exceed `token_capacity` stops emitting and is marked by RS_TOKENS = token_capacity + 1
-// (the host reports it).
-__device__ void advance_phase(const TdtParams& p, int* srs, const unsigned long long* keys,
-                              unsigned step_tag) {
+// (the host reports it). Where a next step follows in this launch (`next`: its epoch), a row
+// that will predict runs layer 0's cells of the owned units right away, from the lanes that
+// chose its label: the first thing of the next step other blocks wait for.
+__device__ void advance_phase(const TdtParams& p, const Owned& own, int* srs,
+                              const unsigned long long* keys, unsigned step_tag,
+                              const char* shared, const Cells& cells, const Use* next) {
     // A group of lanes per row: 24 rows in one pass.
     const int group = threadIdx.x / GROUP_LANES, lane = threadIdx.x % GROUP_LANES;
     const unsigned lanes = 0xffffu << (threadIdx.x & 31 & ~(GROUP_LANES - 1));
@@ -1107,40 +1141,49 @@ __device__ void advance_phase(const TdtParams& p, int* srs, const unsigned long 
         }
         const int2 best = group_best(p, keys + (long long)row * gridDim.x,
                                      (long long)p.rows * gridDim.x, lanes, step_tag);
-        const int label = best.x;
+        // Every lane of the group works out the row's new state; lane 0 stores it.
+        const int label = best.x, frames = s[RS_FRAMES], frame = s[RS_TIME];
         int duration = __ldg(p.durations + best.y);
-        if (lane != 0) continue;
-        s[RS_NEED_PREDICT] = 0;
+        int tokens = s[RS_TOKENS], last_emit = s[RS_LAST_EMIT], emits = s[RS_EMITS];
+        bool predict = false;
         const int blank = p.n_classes - 1;
         if (label == blank && duration == 0) duration = 1;
-        const int frame = s[RS_TIME];
-        s[RS_TIME] = frame + duration;
-        if (label == blank) continue;
-
-        const int n = s[RS_TOKENS];
-        if (n >= p.token_capacity) {
-            s[RS_TOKENS] = p.token_capacity + 1;
-            s[RS_TIME] = s[RS_FRAMES];
-            continue;
+        int time = frame + duration;
+        if (label != blank) {
+            if (tokens >= p.token_capacity) {
+                tokens = p.token_capacity + 1;
+                time = frames;
+            } else {
+                if (blockIdx.x == 0 && lane == 0) {
+                    int* t = p.tokens + ((long long)tokens * p.rows + row) * 3;
+                    t[0] = label;
+                    t[1] = frame;
+                    t[2] = duration;
+                }
+                tokens += 1;
+                if (last_emit == frame) {
+                    emits += 1;
+                } else {
+                    last_emit = frame;
+                    emits = 1;
+                }
+                predict = true;
+                // After max_symbols labels at one frame, move on by one frame.
+                if (time < frames && emits >= p.max_symbols && last_emit == time) time += 1;
+            }
         }
-        if (blockIdx.x == 0) {
-            int* t = p.tokens + ((long long)n * p.rows + row) * 3;
-            t[0] = label;
-            t[1] = frame;
-            t[2] = duration;
+        __syncwarp(lanes);  // every lane has read the old state
+        if (lane == 0) {
+            s[RS_TIME] = time;
+            s[RS_TOKENS] = tokens;
+            s[RS_LAST_EMIT] = last_emit;
+            s[RS_EMITS] = emits;
+            s[RS_NEED_PREDICT] = predict;
+            if (predict) s[RS_LABEL] = label;
         }
-        s[RS_TOKENS] = n + 1;
-        if (s[RS_LAST_EMIT] == frame) {
-            s[RS_EMITS] += 1;
-        } else {
-            s[RS_LAST_EMIT] = frame;
-            s[RS_EMITS] = 1;
-        }
-        s[RS_LABEL] = label;
-        s[RS_NEED_PREDICT] = 1;
-        // After max_symbols labels at one frame, move on by one frame.
-        if (row_active(s) && s[RS_EMITS] >= p.max_symbols && s[RS_LAST_EMIT] == s[RS_TIME])
-            s[RS_TIME] += 1;
+        if (next != nullptr && predict && time < frames)
+            for (int u = lane; u < own.units; u += GROUP_LANES)
+                layer0_cell(p, own, shared, cells, *next, row, u, label);
     }
 }
 
@@ -1174,17 +1217,24 @@ extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const
     int step = 0;
     for (; step < p.max_steps; ++step) {
         if (threadIdx.x < 32) {
-            bool active = false, predicting = false;
-            for (int row = threadIdx.x; row < p.rows; row += 32) {
+            unsigned active = 0, predicting = 0;
+            for (int base = 0; base < p.rows; base += 32) {
+                const int row = base + (int)threadIdx.x;
                 const int* s = srs + row * RS_FIELDS;
-                active |= row_active(s);
-                predicting |= row_active(s) && s[RS_NEED_PREDICT];
+                const bool a = row < p.rows && row_active(s);
+                const unsigned am = __ballot_sync(0xffffffffu, a);
+                const unsigned pm = __ballot_sync(0xffffffffu, a && s[RS_NEED_PREDICT]);
+                active |= am;
+                predicting |= pm;
+                const int chunk = base / ROW_CHUNK + (int)threadIdx.x;
+                if (threadIdx.x < 2 && chunk < MASK_CHUNKS) {
+                    step_masks.active[chunk] = threadIdx.x ? am >> 16 : am & 0xffffu;
+                    step_masks.predicting[chunk] = threadIdx.x ? pm >> 16 : pm & 0xffffu;
+                }
             }
-            active = __any_sync(0xffffffffu, active);
-            predicting = __any_sync(0xffffffffu, predicting);
             if (threadIdx.x == 0) {
-                any_active = active;
-                any_predicting = predicting;
+                any_active = active != 0;
+                any_predicting = predicting != 0;
             }
         }
         __syncthreads();
@@ -1193,7 +1243,7 @@ extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const
         const Use s = use_of(now);
         if (any_predicting) {
             const Use e = use_of(epoch++);
-            layer0_cells(p, own, srs, shared, cells, e);
+            layer0_cells(p, own, srs, shared, cells, e, step > 0);
             PROFILE_MARK(0);
             for (int l = 1; l < p.layers; ++l) {
                 lstm_phase(p, own, l, srs, stage, weights, y, biases, cells, e);
@@ -1209,7 +1259,10 @@ extern "C" __global__ __launch_bounds__(DEC_WARPS * 32, 1) void tdt_decode(const
         unsigned long long* keys = p.keys + (long long)s.half * 2 * p.rows * gridDim.x;
         joint_phase(p, own, srs, stage, weights, y, biases, s, keys, now >> 1);
         PROFILE_MARK(4);
-        advance_phase(p, srs, keys, now >> 1);
+        // The next step's epoch, if one follows in this launch (it predicts if any row does).
+        const Use next = use_of(epoch);
+        advance_phase(p, own, srs, keys, now >> 1, shared, cells,
+                      step + 1 < p.max_steps ? &next : nullptr);
         __syncthreads();
         PROFILE_MARK(5);
     }
