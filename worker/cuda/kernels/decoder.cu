@@ -47,8 +47,8 @@
 // has nothing), so a slot is never older than two uses. Each block writes a half only after it
 // has read every block's values of the step before, which were written after their writers
 // read this half's previous values (layer 0's h of a row that predicts is written as soon as
-// the row's keys from every block are read: each block wrote them after its own stagings). The launch must be cooperative: a reader spins until the
-// writer, another block, has run.
+// the row's keys from every block are read: each block wrote them after its own stagings).
+// The launch must be cooperative: a reader spins until the writer, another block, has run.
 //
 // Row state `rs[row * RS_FIELDS + field]`:
 #define RS_FIELDS 8
@@ -261,8 +261,9 @@ __device__ __forceinline__ int owner_of(int n, int i) {
 }
 
 __device__ __forceinline__ Owned owned(const TdtParams& p) {
-    return {owned_of(p.hidden),       owned_start(p.hidden), owned_of(p.joint_hidden),
-            owned_start(p.joint_hidden), owned_of(p.n_out),  owned_start(p.n_out)};
+    return {owned_of(p.hidden),       owned_start(p.hidden),
+            owned_of(p.joint_hidden), owned_start(p.joint_hidden),
+            owned_of(p.n_out),        owned_start(p.n_out)};
 }
 
 __device__ __forceinline__ int phase_rows(const Owned& own, int kind) {
