@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device checks of a decoder kernel change in one call (about 8 minutes): the parity and
+# The device checks of a decoder kernel change in one call (about 7 minutes): the parity and
 # batch-invariance tests, two decoder_bench runs of every whole-GPU case (the targets table's
 # inputs), token agreement and offline RTFx at batch 16 beside PyTorch, then the worker drill's
 # single-clip steps and the MPS hammer (4 workers at 25 %) for HAMMER_S seconds. Results and
@@ -10,8 +10,8 @@
 #   run:   carry [".device", ".device-fleet"], timeout_s 600, command:
 #            HAMMER_S=180 bash scripts/device/decoder_change_check.sh
 #
-# Its steps ran in one call by hand on 2026-12-02 (18:21-18:28 UTC, 412 s); the script as a whole
-# has not run on the device yet.
+# Ran whole on 2026-12-02 (23:55-00:02 UTC, 402 s with HAMMER_S=170; docs/benchmarks.md,
+# "Session 17").
 set -uo pipefail
 OUT=${OUT:-/tmp/decoder_check}
 mkdir -p "$OUT"
