@@ -17,7 +17,8 @@ pub struct DeviceProbe {
     pub device_sm_count: u32,
     /// SMs this context may use (the MPS active thread percentage's share under MPS).
     pub context_sm_count: u32,
-    /// The driver says contexts on this device go through an MPS server.
+    /// Contexts on this device go through an MPS server (the driver says so; the cuda-12 build
+    /// infers it, see `probe`).
     pub mps_enabled: bool,
     /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` as this process was started with.
     pub mps_thread_percentage: Option<u32>,
@@ -93,11 +94,17 @@ impl CudaEngine {
             CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             "the SM count",
         )? as u32;
+        let context_sm_count = self.context_sm_count()?;
+        // The driver says whether MPS is on from CUDA 12.3; the 12.2 API of the cuda-12 build
+        // has no such attribute, so there a context limited to fewer SMs than the device's is
+        // taken as an MPS client (one at 100 % reads as no MPS).
+        #[cfg(not(feature = "cuda-12"))]
         let mps_enabled = attribute(
             CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MPS_ENABLED,
             "whether MPS is enabled",
         )? != 0;
-        let context_sm_count = self.context_sm_count()?;
+        #[cfg(feature = "cuda-12")]
+        let mps_enabled = context_sm_count < device_sm_count;
         let total_memory_bytes =
             self.context()
                 .total_mem()
