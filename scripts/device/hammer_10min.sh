@@ -30,6 +30,12 @@ start)
   tail -n 2 "$DRILL/hammer.log" | cut -c1-300
   ;;
 wait)
+  # A fresh machine (the first call's was released: more than 30 s between the calls) has no
+  # hammer to wait for; say so at once instead of spending the call's device time.
+  if [ ! -f "$DRILL/hammer.log" ]; then
+    echo "no hammer on this machine: call 1's machine was released before this call" >&2
+    exit 3
+  fi
   # The summary line ends the hammer's log; wait for it (not for process names, which this
   # script's own command line would match).
   until grep -q '"event":"summary"' "$DRILL/hammer.log" 2>/dev/null || [ $SECONDS -ge 300 ]; do

@@ -9,9 +9,9 @@ use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError,
     LaunchArgs, LaunchConfig, ValidAsZeroBits,
 };
-use cudarc::nvrtc::{CompileError, CompileOptions};
 
 use crate::error::{CudaEngineError, DriverContext, Result};
+use crate::kernel_code::{self, CompiledModule, KernelBuild, KernelCode};
 use crate::kernels::{Kernel, KernelModule};
 use crate::matmul::Blas;
 use crate::storage::StorageKind;
@@ -29,6 +29,8 @@ pub struct CudaEngine {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     compute_capability: (i32, i32),
+    /// PTX or cubins, and the NVRTC and driver versions that decided it.
+    kernel_build: KernelBuild,
     /// Indexed by `Kernel as usize`; filled for every kernel at creation (bf16 storage).
     functions: Vec<CudaFunction>,
     /// The f32-storage build of the storage-dependent kernels, compiled on first request
@@ -45,6 +47,7 @@ impl std::fmt::Debug for CudaEngine {
         f.debug_struct("CudaEngine")
             .field("ordinal", &self.ctx.ordinal())
             .field("compute_capability", &self.compute_capability)
+            .field("kernel_build", &self.kernel_build)
             .finish_non_exhaustive()
     }
 }
@@ -80,12 +83,27 @@ pub fn check_cuda_libraries() -> Result<()> {
 
 impl CudaEngine {
     /// Opens GPU `ordinal`, creates the engine's stream and cuBLASLt workspace, and compiles every
-    /// kernel module with NVRTC for this GPU's compute capability.
+    /// kernel module with NVRTC for this GPU's compute capability: to PTX, or to cubins where
+    /// NVRTC is newer than the driver ([`KernelBuild::for_versions`]).
     ///
     /// Returns [`CudaEngineError::NoDevice`] (never panics) when the CUDA libraries or a device
     /// are missing.
     pub fn new(ordinal: usize) -> Result<Self> {
+        Self::open(ordinal, None)
+    }
+
+    /// [`CudaEngine::new`] with the kernels compiled to `code` whatever the versions (tests
+    /// compare both forms on one machine).
+    pub fn with_kernel_code(ordinal: usize, code: KernelCode) -> Result<Self> {
+        Self::open(ordinal, Some(code))
+    }
+
+    fn open(ordinal: usize, code: Option<KernelCode>) -> Result<Self> {
         check_cuda_libraries()?;
+        let mut kernel_build = KernelBuild::for_this_machine()?;
+        if let Some(code) = code {
+            kernel_build.code = code;
+        }
         let ctx = CudaContext::new(ordinal).map_err(|source| no_device_or(source, ordinal))?;
         // SAFETY: every buffer of this engine is used on its one stream only (kernels, copies and
         // captured graphs are all ordered there), so cudarc's cross-stream events are not needed;
@@ -97,7 +115,11 @@ impl CudaEngine {
         let compute_capability = ctx
             .compute_capability()
             .context(|| format!("reading the compute capability of GPU {ordinal}"))?;
-        let functions = load_kernels(&ctx, compute_capability, StorageKind::Bf16)?
+        let target = KernelTarget {
+            code: kernel_build.code,
+            compute_capability,
+        };
+        let functions = load_kernels(&ctx, target, StorageKind::Bf16)?
             .into_iter()
             .map(|f| f.expect("every kernel has a bf16-storage build (bug)"))
             .collect();
@@ -111,6 +133,7 @@ impl CudaEngine {
             ctx,
             stream,
             compute_capability,
+            kernel_build,
             functions,
             f32_storage: OnceLock::new(),
             fused_attention_shared: OnceLock::new(),
@@ -122,11 +145,23 @@ impl CudaEngine {
     /// return at once). Needed before any f32-storage operation.
     pub fn load_f32_storage(&self) -> Result<()> {
         if self.f32_storage.get().is_none() {
-            let loaded = load_kernels(&self.ctx, self.compute_capability, StorageKind::F32)?;
+            let loaded = load_kernels(&self.ctx, self.kernel_target(), StorageKind::F32)?;
             // A concurrent caller may have set it first; both builds are identical.
             let _ = self.f32_storage.set(loaded);
         }
         Ok(())
+    }
+
+    /// PTX or cubins, and the NVRTC and driver versions that decided it.
+    pub fn kernel_build(&self) -> KernelBuild {
+        self.kernel_build
+    }
+
+    fn kernel_target(&self) -> KernelTarget {
+        KernelTarget {
+            code: self.kernel_build.code,
+            compute_capability: self.compute_capability,
+        }
     }
 
     pub(crate) fn context(&self) -> &Arc<CudaContext> {
@@ -392,19 +427,29 @@ fn no_device_or(source: DriverError, ordinal: usize) -> CudaEngineError {
     }
 }
 
-/// Compiles every module (for f32 storage: every module with a storage variant) to PTX for the
-/// device's virtual architecture (`compute_XY`; the driver JIT-compiles that PTX to the exact SM
-/// when loading) and resolves its kernel symbols once. Indexed by `Kernel as usize`.
+/// What the kernel modules are compiled for: the device's compute capability, as PTX or cubins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct KernelTarget {
+    code: KernelCode,
+    compute_capability: (i32, i32),
+}
+
+/// Compiles every module (for f32 storage: every module with a storage variant) for `target`
+/// and resolves its kernel symbols once. Indexed by `Kernel as usize`.
 fn load_kernels(
     ctx: &Arc<CudaContext>,
-    compute_capability: (i32, i32),
+    target: KernelTarget,
     storage: StorageKind,
 ) -> Result<Vec<Option<CudaFunction>>> {
     let mut modules = Vec::with_capacity(KernelModule::ALL.len());
-    for (module, ptx) in compile_modules(storage, compute_capability)? {
-        let loaded = ctx
-            .load_module(ptx)
-            .context(|| format!("loading kernel module {}", module.name()))?;
+    for (module, code) in compile_modules(storage, target)? {
+        let loaded = ctx.load_module(code.into_loadable()).context(|| {
+            format!(
+                "loading kernel module {} ({:?})",
+                module.name(),
+                target.code
+            )
+        })?;
         modules.push((module, loaded));
     }
     Kernel::ALL
@@ -429,22 +474,22 @@ fn load_kernels(
 /// 40 % of the sequential time, which bounds this one (part of every worker's start).
 fn compile_modules(
     storage: StorageKind,
-    compute_capability: (i32, i32),
-) -> Result<Vec<(KernelModule, cudarc::nvrtc::Ptx)>> {
+    target: KernelTarget,
+) -> Result<Vec<(KernelModule, CompiledModule)>> {
     let modules = modules_for(storage);
     std::thread::scope(|scope| {
         let compiling: Vec<_> = modules
             .iter()
-            .map(|&module| scope.spawn(move || compile_module(module, storage, compute_capability)))
+            .map(|&module| scope.spawn(move || compile_module(module, storage, target)))
             .collect();
         modules
             .iter()
             .zip(compiling)
             .map(|(&module, thread)| {
-                let ptx = thread
+                let code = thread
                     .join()
                     .unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
-                Ok((module, ptx))
+                Ok((module, code))
             })
             .collect()
     })
@@ -458,39 +503,31 @@ fn modules_for(storage: StorageKind) -> Vec<KernelModule> {
         .collect()
 }
 
-/// NVRTC's PTX of one module for one storage type and virtual architecture.
+/// NVRTC's PTX or cubin of one module for one storage type.
 fn compile_module(
     module: KernelModule,
     storage: StorageKind,
-    (major, minor): (i32, i32),
-) -> Result<cudarc::nvrtc::Ptx> {
-    let arch_option = format!("--gpu-architecture=compute_{major}{minor}");
-    let options = CompileOptions {
-        options: vec![arch_option.clone(), "--std=c++17".into()],
+    target: KernelTarget,
+) -> Result<CompiledModule> {
+    let options = vec![
         // Exact division and square roots: these kernels are parity references first.
-        fmad: Some(true),
-        prec_div: Some(true),
-        prec_sqrt: Some(true),
-        name: Some(format!("{}.cu", module.name())),
-        ..Default::default()
-    };
-    cudarc::nvrtc::compile_ptx_with_opts(module.source_for(storage), options)
-        .map_err(|error| compile_error(module, &arch_option, error))
-}
-
-fn compile_error(module: KernelModule, arch_option: &str, error: CompileError) -> CudaEngineError {
-    match error {
-        CompileError::CompileError { options, log, .. } => CudaEngineError::Compile {
-            module: module.name(),
-            options,
-            log: log.to_string_lossy().into_owned(),
-        },
-        other => CudaEngineError::Compile {
-            module: module.name(),
-            options: vec![arch_option.to_owned()],
-            log: other.to_string(),
-        },
-    }
+        "--prec-sqrt=true".to_owned(),
+        "--prec-div=true".to_owned(),
+        "--fmad=true".to_owned(),
+        kernel_code::arch_option(target.code, target.compute_capability),
+        "--std=c++17".to_owned(),
+    ];
+    kernel_code::compile(
+        module.source_for(storage),
+        &format!("{}.cu", module.name()),
+        &options,
+        target.code,
+    )
+    .map_err(|failure| CudaEngineError::Compile {
+        module: module.name(),
+        options,
+        log: failure.describe(),
+    })
 }
 
 #[cfg(test)]
@@ -505,10 +542,11 @@ mod tests {
 
     /// NVRTC needs no GPU: where its library is found (e.g. `LD_LIBRARY_PATH` naming a CUDA
     /// toolkit or the `nvidia-cuda-nvrtc` wheel), every module must compile for both storage
-    /// types, so a kernel typo fails here and not first on the GPU machine. The concurrent build
-    /// the engine uses must give every module the same PTX as a build of it alone.
+    /// types, to PTX and to a cubin, so a kernel typo fails here and not first on the GPU
+    /// machine. The concurrent build the engine uses must give every module the same code as a
+    /// build of it alone.
     #[test]
-    fn every_module_compiles_for_both_storages_where_nvrtc_is_present() {
+    fn every_module_compiles_for_both_storages_and_forms_where_nvrtc_is_present() {
         // SAFETY: only dlopens libnvrtc by its usual names and closes it again.
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             assert!(
@@ -518,24 +556,45 @@ mod tests {
             eprintln!("SKIPPED: libnvrtc not found on the loader path (REQUIRE_NVRTC=1 fails)");
             return;
         }
-        for storage in [StorageKind::Bf16, StorageKind::F32] {
-            let compiled = compile_modules(storage, (9, 0))
-                .unwrap_or_else(|error| panic!("{storage:?} storage: {error}"));
-            let modules: Vec<KernelModule> = compiled.iter().map(|(module, _)| *module).collect();
-            assert_eq!(
-                modules,
-                modules_for(storage),
-                "{storage:?} storage: modules"
-            );
-            // The concurrent build gives each module exactly the PTX of a build on its own.
-            for (module, ptx) in &compiled {
-                let alone = compile_module(*module, storage, (9, 0))
-                    .unwrap_or_else(|error| panic!("{} ({storage:?}): {error}", module.name()));
-                assert!(
-                    ptx.to_src() == alone.to_src(),
-                    "{} ({storage:?}): concurrent and single builds differ",
-                    module.name()
-                );
+        eprintln!(
+            "NVRTC {}",
+            kernel_code::nvrtc_version().expect("NVRTC version")
+        );
+        for code in [KernelCode::Ptx, KernelCode::Cubin] {
+            let target = KernelTarget {
+                code,
+                compute_capability: (9, 0),
+            };
+            for storage in [StorageKind::Bf16, StorageKind::F32] {
+                let label = format!("{storage:?} storage, {code:?}");
+                let compiled = compile_modules(storage, target)
+                    .unwrap_or_else(|error| panic!("{label}: {error}"));
+                let modules: Vec<KernelModule> =
+                    compiled.iter().map(|(module, _)| *module).collect();
+                assert_eq!(modules, modules_for(storage), "{label}: modules");
+                for (module, compiled) in &compiled {
+                    match (code, compiled) {
+                        (KernelCode::Ptx, CompiledModule::Ptx(text)) => assert!(
+                            text.contains(".target sm_90"),
+                            "{} ({label}): PTX for another target",
+                            module.name()
+                        ),
+                        // Every cubin is an ELF image.
+                        (KernelCode::Cubin, CompiledModule::Cubin(bytes)) => assert!(
+                            bytes.starts_with(b"\x7fELF"),
+                            "{} ({label}): not an ELF cubin",
+                            module.name()
+                        ),
+                        _ => panic!("{} ({label}): compiled to the other form", module.name()),
+                    }
+                    let alone = compile_module(*module, storage, target)
+                        .unwrap_or_else(|error| panic!("{} ({label}): {error}", module.name()));
+                    assert!(
+                        *compiled == alone,
+                        "{} ({label}): concurrent and single builds differ",
+                        module.name()
+                    );
+                }
             }
         }
     }

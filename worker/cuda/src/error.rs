@@ -27,6 +27,14 @@ pub enum CudaEngineError {
         log: String,
     },
 
+    /// An NVRTC call other than the compilation itself failed.
+    #[error("NVRTC error while {context}: {source}")]
+    Nvrtc {
+        context: String,
+        #[source]
+        source: cudarc::nvrtc::result::NvrtcError,
+    },
+
     /// A kernel launch was refused by the driver.
     #[error("launching kernel {kernel} ({shape}): {source}")]
     Launch {

@@ -10,12 +10,19 @@
 // function here states its safety argument.
 #![allow(unsafe_code)]
 
+// The CUDA API level the bindings are generated for: exactly one (Cargo.toml, `[features]`).
+#[cfg(all(feature = "cuda-12", feature = "cuda-13"))]
+compile_error!("features cuda-12 and cuda-13 exclude each other: build with --no-default-features --features cuda-12");
+#[cfg(not(any(feature = "cuda-12", feature = "cuda-13")))]
+compile_error!("choose the CUDA API level: feature cuda-13 (the default) or cuda-12");
+
 mod decoder;
 mod device;
 mod encoder;
 mod error;
 mod features;
 mod fold;
+mod kernel_code;
 mod kernels;
 mod matmul;
 mod ops;
@@ -37,6 +44,7 @@ pub use error::{CudaEngineError, Result};
 pub use features::{DeviceFeatures, FeatureLayout, GpuFeatures};
 pub use fold::{fold_batch_norm, BatchNorm, FoldedDepthwise};
 pub use half::bf16;
+pub use kernel_code::{CudaVersion, KernelBuild, KernelCode};
 pub use matmul::{BLayout, MatmulInput, MatmulOutput, MatmulSpec, MatmulStrides};
 pub use ops::{
     stride2_out_len, AttentionShape, Conv2dShape, Conv3x3, DepthwiseShape, HeadShape,

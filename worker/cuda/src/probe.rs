@@ -6,6 +6,7 @@ use half::bf16;
 
 use crate::device::CudaEngine;
 use crate::error::{CudaEngineError, DriverContext, Result};
+use crate::kernel_code::KernelBuild;
 
 /// What one process sees of its GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,6 +24,8 @@ pub struct DeviceProbe {
     /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` as this process was started with.
     pub mps_thread_percentage: Option<u32>,
     pub total_memory_bytes: u64,
+    /// PTX or cubins, and the NVRTC and driver versions that decided it.
+    pub kernel_build: KernelBuild,
 }
 
 impl DeviceProbe {
@@ -38,12 +41,13 @@ impl DeviceProbe {
             "no MPS".into()
         };
         format!(
-            "GPU {} {} (sm_{major}{minor}, {:.1} GiB): {} of {} SMs for this context, {mps}",
+            "GPU {} {} (sm_{major}{minor}, {:.1} GiB): {} of {} SMs for this context, {mps}, {}",
             self.ordinal,
             self.name,
             self.total_memory_bytes as f64 / (1u64 << 30) as f64,
             self.context_sm_count,
             self.device_sm_count,
+            self.kernel_build,
         )
     }
 }
@@ -120,6 +124,7 @@ impl CudaEngine {
                 .ok()
                 .and_then(|v| v.trim().parse().ok()),
             total_memory_bytes,
+            kernel_build: self.kernel_build(),
         })
     }
 }

@@ -4,7 +4,8 @@
 //!   batch, one clip at a time, and in a batch larger than the graph's envelope: tokens,
 //!   frames and durations identical to the CPU decoder and to NeMo;
 //! - the whole GPU model (bf16 encoder + GPU decoder) against NeMo: identical on every clip
-//!   whose recorded logit margins are not razor-thin.
+//!   whose recorded logit margins are not razor-thin; with the f32 encoder identical on every
+//!   clip, also with every kernel loaded as a cubin instead of PTX.
 //!
 //! Without CUDA these tests print SKIPPED and pass, unless `REQUIRE_CUDA=1`.
 
@@ -17,7 +18,7 @@ use anyhow::{ensure, Context, Result};
 use common::{engine, fixtures, read_wav, CLIPS, MODELS};
 use cuda_engine::{
     CudaEngine, DecoderEnvelope, EncoderOutput, EncoderPrecision, FeatureLocation, GpuDecoder,
-    GpuParakeet, StorageKind,
+    GpuParakeet, KernelCode, StorageKind,
 };
 use models::checkpoint::Checkpoint;
 use models::tdt::EncodedUtterance;
@@ -173,7 +174,7 @@ fn whole_gpu_model_matches_nemo_where_margins_allow() -> Result<()> {
     let mut failures = Vec::new();
     for model in MODELS {
         for location in [FeatureLocation::Host, FeatureLocation::Device] {
-            failures.extend(whole_model(model, EncoderPrecision::Bf16, location)?);
+            failures.extend(whole_model(model, EncoderPrecision::Bf16, location, None)?);
         }
     }
     ensure!(failures.is_empty(), "failures: {failures:#?}");
@@ -192,8 +193,30 @@ fn whole_gpu_model_with_f32_encoder_is_identical_to_nemo_on_every_clip() -> Resu
     let mut failures = Vec::new();
     for model in MODELS {
         for location in [FeatureLocation::Host, FeatureLocation::Device] {
-            failures.extend(whole_model(model, EncoderPrecision::F32, location)?);
+            failures.extend(whole_model(model, EncoderPrecision::F32, location, None)?);
         }
+    }
+    ensure!(failures.is_empty(), "failures: {failures:#?}");
+    Ok(())
+}
+
+/// The same bar with every kernel loaded as a cubin NVRTC compiled for the SM, as the engine
+/// does where NVRTC is newer than the driver (CUDA 12 machines on driver 535), instead of PTX
+/// the driver compiles.
+#[test]
+fn whole_gpu_model_from_cubins_is_identical_to_nemo_with_f32_encoder() -> Result<()> {
+    let Some(engine) = engine("gpu_model_parity_cubin") else {
+        return Ok(());
+    };
+    drop(engine);
+    let mut failures = Vec::new();
+    for model in MODELS {
+        failures.extend(whole_model(
+            model,
+            EncoderPrecision::F32,
+            FeatureLocation::Device,
+            Some(KernelCode::Cubin),
+        )?);
     }
     ensure!(failures.is_empty(), "failures: {failures:#?}");
     Ok(())
@@ -201,14 +224,23 @@ fn whole_gpu_model_with_f32_encoder_is_identical_to_nemo_on_every_clip() -> Resu
 
 /// Every fixture clip alone and all in one batch; returns the clips that break the bar: with
 /// the bf16 encoder, a difference from NeMo where NeMo's recorded margin is at least 0.05; with
-/// the f32 encoder, any difference at all.
+/// the f32 encoder, any difference at all. `code` forces PTX or cubins (`None`: the engine's
+/// choice).
 fn whole_model(
     model: &str,
     precision: EncoderPrecision,
     location: FeatureLocation,
+    code: Option<KernelCode>,
 ) -> Result<Vec<String>> {
     let path = fixtures().join(model).join("model.nemo");
-    let mut gpu = GpuParakeet::load_with(&path, 0, precision)?;
+    let mut gpu = match code {
+        None => GpuParakeet::load_with(&path, 0, precision)?,
+        Some(code) => GpuParakeet::from_checkpoint(
+            CudaEngine::with_kernel_code(0, code)?,
+            &Checkpoint::load(&path)?,
+            precision,
+        )?,
+    };
     gpu.set_feature_location(location);
     gpu.warm_up(4, 30.0)?;
     let nemo = nemo_results(model)?;
@@ -220,7 +252,10 @@ fn whole_model(
     }
     let refs: Vec<&[f32]> = pcm.iter().map(Vec::as_slice).collect();
     let batched = gpu.transcribe_batch(&refs)?;
-    let label = format!("{model} ({precision:?} encoder, {location:?} features)");
+    let label = format!(
+        "{model} ({precision:?} encoder, {location:?} features, {})",
+        gpu.engine().kernel_build()
+    );
     let mut failures = Vec::new();
     for (i, clip) in CLIPS.iter().enumerate() {
         let single = gpu.transcribe_batch(&refs[i..=i])?;

@@ -18,9 +18,10 @@ pub fn engine(test: &str) -> Option<MutexGuard<'static, CudaEngine>> {
         Ok(engine) => {
             let name = engine.device_name().unwrap_or_else(|e| format!("? ({e})"));
             eprintln!(
-                "cuda-engine tests on {name}, compute capability {:?}; engine ready (NVRTC \
-                 included) in {:.0} ms",
+                "cuda-engine tests on {name}, compute capability {:?}, {}; engine ready \
+                 (NVRTC included) in {:.0} ms",
                 engine.compute_capability(),
+                engine.kernel_build(),
                 started.elapsed().as_secs_f64() * 1e3
             );
             Ok(Mutex::new(engine))
