@@ -3,7 +3,7 @@
 # 10 minutes. From the repository root with `worker`, `fleet` and `hammer` release binaries in
 # $BIN (default .device-fleet/, carried):
 #
-#   call 1:  bash scripts/device/hammer_10min.sh start    # model, single, then the hammer in the
+#   call 1:  bash scripts/device/hammer_10min.sh start    # model, single (START_STEPS), then the hammer in the
 #                                                         # background; returns after ~9 min
 #   call 2:  bash scripts/device/hammer_10min.sh wait     # right after (the machine stays warm
 #                                                         # 30 s): waits for the summary
@@ -20,7 +20,7 @@ mkdir -p "$DRILL"
 case "${1:-}" in
 start)
   python3 scripts/make_full_size_sortformer.py --out /tmp/sf.nemo 2>&1 | tail -1
-  OUT=$DRILL STEPS="model single" timeout 240 bash scripts/device/gpu_fleet_drill.sh 2>&1 | tail -12
+  OUT=$DRILL STEPS="${START_STEPS:-model single}" timeout 240 bash scripts/device/gpu_fleet_drill.sh 2>&1 | tail -12
   setsid nohup env BIN="$BIN" OUT="$DRILL" STEPS=hammer HAMMER_S="$HAMMER_S" DIAR_MODEL=/tmp/sf.nemo \
     bash scripts/device/gpu_fleet_drill.sh > "$DRILL/hammer_run.txt" 2>&1 < /dev/null &
   echo "hammer started $(date -u +%T)"
