@@ -523,10 +523,10 @@ fn compile_module(
         &options,
         target.code,
     )
-    .map_err(|failure| CudaEngineError::Compile {
+    .map_err(|log| CudaEngineError::Compile {
         module: module.name(),
         options,
-        log: failure.describe(),
+        log,
     })
 }
 

@@ -125,26 +125,6 @@ impl CompiledModule {
     }
 }
 
-/// Why NVRTC produced no code for a module.
-pub(crate) enum CompileFailure {
-    /// The compiler rejected the source; the log says why.
-    Rejected { log: String },
-    /// An NVRTC call around the compilation failed.
-    Call {
-        call: &'static str,
-        source: NvrtcError,
-    },
-}
-
-impl CompileFailure {
-    pub(crate) fn describe(self) -> String {
-        match self {
-            Self::Rejected { log } => log,
-            Self::Call { call, source } => format!("{call}: {source}"),
-        }
-    }
-}
-
 /// One NVRTC program: destroyed on drop, so every exit path releases it.
 struct Program(cudarc::nvrtc::sys::nvrtcProgram);
 
@@ -157,14 +137,15 @@ impl Drop for Program {
 }
 
 /// Compiles one module's `source` with `options` (which must include the matching
-/// `--gpu-architecture`, see [`arch_option`]) into `code`.
+/// `--gpu-architecture`, see [`arch_option`]) into `code`. The error is NVRTC's log, or the
+/// NVRTC call that failed around the compilation.
 pub(crate) fn compile(
     source: String,
     name: &str,
     options: &[String],
     code: KernelCode,
-) -> std::result::Result<CompiledModule, CompileFailure> {
-    let call = |call: &'static str| move |source| CompileFailure::Call { call, source };
+) -> std::result::Result<CompiledModule, String> {
+    let call = |call: &'static str| move |error: NvrtcError| format!("{call}: {error}");
     let source = CString::new(source).expect("kernel sources contain no NUL (bug)");
     let name = CString::new(name).expect("module names contain no NUL (bug)");
     let program = Program(nvrtc::create_program(&source, Some(&name)).map_err(call("create"))?);
@@ -175,7 +156,7 @@ pub(crate) fn compile(
         let log = unsafe { nvrtc::get_program_log(program.0) }
             .map(|raw| c_chars_to_string(&raw))
             .unwrap_or_else(|error| format!("({status}; no log: {error})"));
-        return Err(CompileFailure::Rejected { log });
+        return Err(log);
     }
     match code {
         KernelCode::Ptx => {
