@@ -18,9 +18,61 @@ use crate::metrics::{self, AggregatorSettings, Metrics, Sink};
 use crate::pipeline::{Pipeline, PipelineSettings};
 use crate::queue::Queue;
 use crate::store::ObjectStore;
-use crate::transcriber::Transcriber;
+use crate::transcriber::{Capacity, Transcriber};
 
-pub fn pipeline_settings(settings: &Settings) -> Result<PipelineSettings> {
+/// The pipeline's concurrency limits: each setting given wins, the rest are sized from what
+/// the engine takes at once and the host's cores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizing {
+    pub receivers: usize,
+    pub max_in_flight: usize,
+    pub inference_slots: usize,
+    pub segments_per_call: usize,
+    pub decode_threads: usize,
+}
+
+impl Sizing {
+    /// Rules, in order:
+    /// 1. decode threads: the host's cores (decoding is CPU work that must not starve the
+    ///    async runtime, and more threads than cores only add switching);
+    /// 2. inference slots: the segments the engine takes at once (every job has at least one
+    ///    segment, so this many jobs keep every worker's batches full);
+    /// 3. segments per call: the engine's own figure;
+    /// 4. jobs in flight: the inference slots plus two per decode thread, so the next
+    ///    recordings are fetched and decoded while the engine works on the current ones;
+    /// 5. receivers: one per 32 messages in flight, at least 2 and at most 8 (each receive
+    ///    brings at most 10 messages).
+    pub fn resolve(settings: &Settings, capacity: Capacity, cores: usize) -> Self {
+        let decode_threads = settings.decode_threads.unwrap_or(cores.max(1));
+        let inference_slots = settings
+            .inference_slots
+            .unwrap_or(capacity.segments_in_flight.max(1));
+        let segments_per_call = settings
+            .segments_per_call
+            .unwrap_or(capacity.segments_per_call.max(1));
+        let max_in_flight = settings
+            .max_in_flight
+            .unwrap_or(inference_slots + 2 * decode_threads);
+        let receivers = settings
+            .receivers
+            .unwrap_or(max_in_flight.div_ceil(32).clamp(2, 8));
+        Self {
+            receivers,
+            max_in_flight,
+            inference_slots,
+            segments_per_call,
+            decode_threads,
+        }
+    }
+
+    /// Sized for this host: [`Self::resolve`] with its available parallelism.
+    pub fn for_host(settings: &Settings, capacity: Capacity) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Self::resolve(settings, capacity, cores)
+    }
+}
+
+pub fn pipeline_settings(settings: &Settings, sizing: &Sizing) -> Result<PipelineSettings> {
     Ok(PipelineSettings {
         default_output: settings
             .output_uri
@@ -43,18 +95,23 @@ pub fn pipeline_settings(settings: &Settings) -> Result<PipelineSettings> {
             max_retries: settings.retry_max,
             ..RetrySettings::default()
         },
-        segments_per_call: settings.segments_per_call,
-        inference_slots: settings.inference_slots,
+        segments_per_call: sizing.segments_per_call,
+        inference_slots: sizing.inference_slots,
+        decode_threads: sizing.decode_threads,
     })
 }
 
-pub fn consumer_settings(settings: &Settings, exit_when_idle: bool) -> ConsumerSettings {
+pub fn consumer_settings(
+    settings: &Settings,
+    sizing: &Sizing,
+    exit_when_idle: bool,
+) -> ConsumerSettings {
     ConsumerSettings {
-        receivers: settings.receivers,
+        receivers: sizing.receivers,
         max_messages_per_receive: settings.max_messages_per_receive,
         wait: Duration::from_secs(settings.wait_time_s),
         visibility: settings.visibility(),
-        max_in_flight: settings.max_in_flight,
+        max_in_flight: sizing.max_in_flight,
         drain_grace: Duration::from_secs(settings.drain_grace_s),
         exit_when_idle,
         max_retry_delay: Duration::from_secs(settings.max_retry_delay_s),
@@ -150,16 +207,88 @@ pub fn consumer_with_diarizer(
     metrics: &MetricsRuntime,
     exit_when_idle: bool,
 ) -> Result<Arc<Consumer>> {
+    let sizing = Sizing::for_host(settings, transcriber.capacity());
+    tracing::info!(
+        receivers = sizing.receivers,
+        max_in_flight = sizing.max_in_flight,
+        inference_slots = sizing.inference_slots,
+        segments_per_call = sizing.segments_per_call,
+        decode_threads = sizing.decode_threads,
+        "pipeline limits (unset ones sized from the engine's capacity and the host's cores)"
+    );
     let pipeline = Arc::new(
         Pipeline::new(
             store,
             transcriber,
             metrics.metrics.clone(),
-            pipeline_settings(settings)?,
+            pipeline_settings(settings, &sizing)?,
         )
         .with_diarizer(diarizer),
     );
-    let mut consumer = Consumer::new(queue, pipeline, consumer_settings(settings, exit_when_idle));
+    let mut consumer = Consumer::new(
+        queue,
+        pipeline,
+        consumer_settings(settings, &sizing, exit_when_idle),
+    );
     consumer.healthy = metrics.healthy.clone();
     Ok(Arc::new(consumer))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SettingsArgs;
+
+    fn fleet_of(workers: usize) -> Capacity {
+        Capacity {
+            segments_in_flight: workers * 32,
+            segments_per_call: 32,
+        }
+    }
+
+    #[test]
+    fn limits_follow_the_engine_and_the_cores() {
+        let defaults = SettingsArgs::default().resolve(None).expect("defaults");
+        let fleet = Sizing::resolve(&defaults, fleet_of(4), 16);
+        assert_eq!(
+            fleet,
+            Sizing {
+                receivers: 5,
+                max_in_flight: 128 + 32,
+                inference_slots: 128,
+                segments_per_call: 32,
+                decode_threads: 16,
+            }
+        );
+        let in_process = Sizing::resolve(&defaults, Capacity::ONE_CALL_AT_A_TIME, 2);
+        assert_eq!(
+            (in_process.inference_slots, in_process.max_in_flight),
+            (1, 5)
+        );
+        assert_eq!((in_process.segments_per_call, in_process.receivers), (8, 2));
+    }
+
+    #[test]
+    fn a_given_setting_always_wins() {
+        let given = SettingsArgs {
+            receivers: Some(1),
+            max_in_flight: Some(3),
+            inference_slots: Some(2),
+            segments_per_call: Some(4),
+            decode_threads: Some(1),
+            ..SettingsArgs::default()
+        }
+        .resolve(None)
+        .expect("settings");
+        assert_eq!(
+            Sizing::resolve(&given, fleet_of(8), 64),
+            Sizing {
+                receivers: 1,
+                max_in_flight: 3,
+                inference_slots: 2,
+                segments_per_call: 4,
+                decode_threads: 1,
+            }
+        );
+    }
 }

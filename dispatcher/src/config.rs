@@ -49,8 +49,6 @@ macro_rules! settings {
 
 settings! {
     defaults {
-        /// Concurrent long-polling receivers.
-        receivers: usize = 2;
         /// Messages per receive, 1..=10 (SQS's limit).
         max_messages_per_receive: usize = 10;
         /// Long-poll wait per receive in seconds, 0..=20 (SQS's limit).
@@ -58,8 +56,6 @@ settings! {
         /// Visibility timeout asked for on receive, in seconds; heartbeats extend it every
         /// third. Short values notice dead nodes sooner at the cost of more heartbeat calls.
         visibility_timeout_s: u64 = 300;
-        /// Messages held at once (being fetched, decoded, transcribed or written).
-        max_in_flight: usize = 4;
         /// After SIGTERM, seconds in-flight jobs may take before their messages are released
         /// (keep below the platform's kill timeout; a spot notice gives 120 s).
         drain_grace_s: u64 = 90;
@@ -70,10 +66,6 @@ settings! {
         /// Longest segment handed to the model (seconds); long recordings are cut at quiet
         /// points into segments no longer than this.
         max_segment_s: f64 = 30.0;
-        /// Segments per model call (bounds the model's working memory).
-        segments_per_call: usize = 8;
-        /// Jobs running inference at once (1 for the in-process CPU engine).
-        inference_slots: usize = 1;
         /// Retries of a transient store error inside one job.
         retry_max: usize = 4;
         /// Longest delay before a transiently failed message is retried (seconds).
@@ -86,6 +78,19 @@ settings! {
         s3_force_path_style: bool = false;
     }
     optional {
+        /// Concurrent long-polling receivers (default: one per 32 messages in flight, 2 to 8).
+        receivers: usize;
+        /// Messages held at once, being fetched, decoded, transcribed or written (default:
+        /// the inference slots plus two per decode thread).
+        max_in_flight: usize;
+        /// Jobs running inference at once (default: what the engine takes at once: 1 for the
+        /// in-process engine, every fleet worker's outstanding requests for a fleet).
+        inference_slots: usize;
+        /// Segments per model call (default: 8 in process, one worker's outstanding requests
+        /// for a fleet); bounds the engine's working memory.
+        segments_per_call: usize;
+        /// Recordings decoded at once, one OS thread each (default: the host's cores).
+        decode_threads: usize;
         /// Default result prefix, `s3://bucket/prefix/` (jobs may name their own).
         output_uri: String;
         /// The model: a `.nemo` checkpoint.
@@ -147,8 +152,15 @@ impl Settings {
                 self.visibility_timeout_s
             ));
         }
-        if self.max_in_flight == 0 || self.receivers == 0 || self.inference_slots == 0 {
-            return bad("receivers, max_in_flight and inference_slots must be at least 1".into());
+        let limits = [
+            ("receivers", self.receivers),
+            ("max_in_flight", self.max_in_flight),
+            ("inference_slots", self.inference_slots),
+            ("segments_per_call", self.segments_per_call),
+            ("decode_threads", self.decode_threads),
+        ];
+        if let Some((name, _)) = limits.iter().find(|(_, v)| *v == Some(0)) {
+            return bad(format!("{name} must be at least 1 (leave it unset to size it from the engine and the host)"));
         }
         if !(self.max_segment_s.is_finite() && self.max_segment_s >= 1.0) {
             return bad(format!(
@@ -183,7 +195,7 @@ mod tests {
         let s = flags.resolve(Some(&path)).expect("resolve");
         assert_eq!(
             (s.receivers, s.visibility_timeout_s, s.wait_time_s),
-            (5, 60, 20)
+            (Some(5), 60, 20)
         );
     }
 
@@ -211,5 +223,14 @@ mod tests {
             ..Default::default()
         };
         assert!(flags.resolve(None).is_err());
+        let zero = SettingsArgs {
+            decode_threads: Some(0),
+            ..Default::default()
+        };
+        let error = zero
+            .resolve(None)
+            .expect_err("0 decode threads")
+            .to_string();
+        assert!(error.contains("decode_threads"), "{error}");
     }
 }

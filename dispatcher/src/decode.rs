@@ -19,6 +19,8 @@ pub struct Decoded {
     /// Consecutive sample ranges of `pcm`, each at most the segment limit long.
     pub segments: Vec<Range<usize>>,
     pub duration_s: f64,
+    /// Seconds of the decode spent downmixing and resampling.
+    pub resample_s: f64,
 }
 
 /// Decodes and segments; every audio problem becomes a permanent error with its reason code.
@@ -39,6 +41,7 @@ pub fn decode_segments(
         .collect();
     Ok(Decoded {
         duration_s: decoded.duration_secs,
+        resample_s: decoded.resample_secs,
         segments,
         pcm: Arc::new(decoded.pcm_16k),
     })

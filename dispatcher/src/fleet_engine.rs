@@ -15,7 +15,7 @@ use crate::config::Settings;
 use crate::diarizer::Diarizer;
 use crate::error::{DispatchError, Result};
 use crate::metrics::MetricsSource;
-use crate::transcriber::Transcriber;
+use crate::transcriber::{Capacity, Transcriber};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum EngineChoice {
@@ -32,14 +32,26 @@ pub enum EngineChoice {
 pub struct EngineArgs {
     #[arg(long, env = "DISPATCHER_ENGINE", value_enum, default_value_t)]
     pub engine: EngineChoice,
-    /// `--engine fleet`: the engine of every worker (`cpu`, `onnx`, `cuda`).
-    #[arg(long, env = "FLEET_WORKER_ENGINE", default_value = "cpu")]
-    pub worker_engine: String,
+    /// `--engine fleet`: the engine of every worker (`cpu`, `onnx`, `cuda`). Default: `cuda`
+    /// with `--gpus`, `cpu` with `--cpu-instances`.
+    #[arg(long, env = "FLEET_WORKER_ENGINE")]
+    pub worker_engine: Option<String>,
     /// `--engine fleet`: how long to wait for the first worker to be ready.
     #[arg(long, env = "FLEET_READY_TIMEOUT_S", default_value_t = 600)]
     pub fleet_ready_timeout_s: u64,
     #[command(flatten)]
     pub fleet: FleetOptions,
+}
+
+impl EngineArgs {
+    /// The workers' engine: as given, else the GPU engine on GPUs and the CPU one without.
+    pub fn worker_engine(&self) -> &str {
+        match &self.worker_engine {
+            Some(engine) => engine,
+            None if self.fleet.gpus.is_empty() => "cpu",
+            None => "cuda",
+        }
+    }
 }
 
 /// The engine and, for a fleet, what `/health` and `/metrics` should include.
@@ -95,13 +107,26 @@ fn load_fleet(
         (Some(path), None) => Some(crate::engine::model_id_for(path)?),
         (None, _) => None,
     };
+    let worker_engine = args.worker_engine();
     let config = args
         .fleet
-        .to_config_with_diarization(&args.worker_engine, model, diar_model)
+        .to_config_with_diarization(worker_engine, model, diar_model)
         .map_err(|e| DispatchError::Config(e.to_string()))?;
+    let layout: Vec<String> = config
+        .groups
+        .iter()
+        .map(|g| match (&g.mps, g.instances) {
+            (Some(mps), n) => format!(
+                "{}: {n} x {} % SMs under MPS",
+                g.name,
+                mps.thread_percentage(n)
+            ),
+            (None, n) => format!("{}: {n} without MPS", g.name),
+        })
+        .collect();
     tracing::info!(groups = config.groups.len(), engine = %config.engine,
-        diarization = ?config.diarization, worker = %config.worker_binary.display(),
-        "starting the worker fleet");
+        layout = %layout.join("; "), diarization = ?config.diarization,
+        worker = %config.worker_binary.display(), "starting the worker fleet");
     let fleet = Fleet::start(config).map_err(|e| DispatchError::Config(e.to_string()))?;
     let inner = FleetTranscriber::new(
         fleet,
@@ -176,6 +201,18 @@ impl Transcriber for FleetEngine {
 
     fn transcribe(&self, segments: &[&[f32]]) -> Result<Vec<Transcript>> {
         self.inner.transcribe(segments).map_err(classify)
+    }
+
+    /// Every transcription worker's outstanding requests: that many segments keep all their
+    /// batches full, and one call never holds more than one worker's share.
+    fn capacity(&self) -> Capacity {
+        let config = self.fleet().config();
+        let per_worker = config.max_outstanding_per_worker.max(1);
+        let workers: usize = config.groups.iter().map(|g| g.instances).sum();
+        Capacity {
+            segments_in_flight: (workers * per_worker).max(1),
+            segments_per_call: per_worker,
+        }
     }
 }
 

@@ -1,5 +1,7 @@
 //! `dispatcher`: the command users touch.
 
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
 
 mod cli;
@@ -26,19 +28,22 @@ enum Command {
     Backfill(cli::backfill::BackfillArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<ExitCode> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // Colour only for a person at a terminal: log files and pipes get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match Cli::parse().command {
         Command::Transcribe(args) => cli::transcribe::run(args),
-        Command::Local(args) => cli::run::block_on(cli::local::run(args)),
+        Command::Local(args) => return cli::run::block_on(cli::local::run(args)),
         Command::Run(args) => cli::run::block_on(cli::run::run(args)),
         Command::Enqueue(args) => cli::run::block_on(cli::enqueue::run(args)),
         Command::Backfill(args) => cli::run::block_on(cli::backfill::run(args)),
-    }
+    }?;
+    Ok(ExitCode::SUCCESS)
 }

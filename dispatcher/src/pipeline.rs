@@ -37,6 +37,9 @@ pub struct PipelineSettings {
     pub segments_per_call: usize,
     /// Jobs allowed to run inference at the same time.
     pub inference_slots: usize,
+    /// Recordings decoded at once: the bounded CPU pool (one OS thread each, outside the async
+    /// runtime's threads), sized to the host's cores.
+    pub decode_threads: usize,
 }
 
 /// How a job ended, when it ended cleanly (the message can be deleted).
@@ -68,6 +71,7 @@ pub struct Pipeline {
     metrics: Metrics,
     settings: PipelineSettings,
     inference: Arc<Semaphore>,
+    decoding: Arc<Semaphore>,
 }
 
 impl Pipeline {
@@ -78,6 +82,7 @@ impl Pipeline {
         settings: PipelineSettings,
     ) -> Self {
         let inference = Arc::new(Semaphore::new(settings.inference_slots.max(1)));
+        let decoding = Arc::new(Semaphore::new(settings.decode_threads.max(1)));
         Self {
             store,
             transcriber,
@@ -85,6 +90,7 @@ impl Pipeline {
             metrics,
             settings,
             inference,
+            decoding,
         }
     }
 
@@ -141,7 +147,7 @@ impl Pipeline {
     /// Runs one job. `Ok` means the message can be deleted; `Err` means it must not be.
     pub async fn process(&self, job: &Job) -> Result<JobOutcome> {
         let started = Instant::now();
-        tracing::info!(job_id = %job.job_id, input = %job.input.uri(), "job started");
+        tracing::debug!(job_id = %job.job_id, input = %job.input.uri(), "job started");
         let output = self.output_prefix(job)?;
         let model_id = self.result_model_id(job);
         let head = retry_transient(self.settings.retry, "head input", || {
@@ -242,17 +248,35 @@ impl Pipeline {
         self.stage(Stage::Fetch, t);
 
         let t = Instant::now();
+        let decode_permit = self
+            .decoding
+            .acquire()
+            .await
+            .expect("decode semaphore is never closed (bug)");
+        self.stage(Stage::DecodeWait, t);
         let ext = extension_of(&job.input.key);
         let audio = self.settings.audio.clone();
-        let decoded: Decoded = tokio::task::spawn_blocking(move || {
-            decode::decode_segments(&bytes, ext.as_deref(), &audio)
+        let (decoded, decode_s) = tokio::task::spawn_blocking(move || {
+            let t = Instant::now();
+            let decoded = decode::decode_segments(&bytes, ext.as_deref(), &audio);
+            drop(bytes);
+            (decoded, t.elapsed().as_secs_f64())
         })
         .await
         .map_err(|e| DispatchError::Audio {
             reason: "decoder_crashed",
             message: e.to_string(),
-        })??;
-        self.stage(Stage::Decode, t);
+        })?;
+        drop(decode_permit);
+        let decoded: Decoded = decoded?;
+        self.metrics.emit(MetricEvent::StageSeconds {
+            stage: Stage::Decode,
+            seconds: decode_s,
+        });
+        self.metrics.emit(MetricEvent::StageSeconds {
+            stage: Stage::Resample,
+            seconds: decoded.resample_s,
+        });
 
         let t = Instant::now();
         let _slot = self
@@ -281,6 +305,7 @@ impl Pipeline {
                 .emit(MetricEvent::Rtfx(decoded.duration_s / inference_s));
         }
 
+        let t = Instant::now();
         let mut transcript = stitch(pieces, decoded.duration_s);
         let mut options = RenderOptions {
             file_id: Some(file_id_of(&job.input.key)),
@@ -295,6 +320,7 @@ impl Pipeline {
             .into_iter()
             .map(|f| Ok((f, render::render_with(f, &transcript, &options)?)))
             .collect::<Result<Vec<(OutputFormat, String)>>>()?;
+        self.stage(Stage::Render, t);
 
         let t = Instant::now();
         let manifest = Manifest {
@@ -311,7 +337,7 @@ impl Pipeline {
         };
         let written = self.writer().write_result(loc, rendered, manifest).await?;
         self.stage(Stage::Upload, t);
-        tracing::info!(job_id = %job.job_id, dir = %loc.dir, audio_s = decoded.duration_s,
+        tracing::debug!(job_id = %job.job_id, dir = %loc.dir, audio_s = decoded.duration_s,
             total_s = started.elapsed().as_secs_f64(), "job finished");
         Ok(match written {
             WriteOutcome::Written => JobOutcome::Done {

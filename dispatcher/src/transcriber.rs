@@ -15,6 +15,28 @@ pub trait Transcriber: Send + Sync {
 
     /// One transcript per segment, timestamps relative to the segment start.
     fn transcribe(&self, segments: &[&[f32]]) -> Result<Vec<Transcript>>;
+
+    /// How much work keeps this engine busy: the pipeline sizes its defaults from it.
+    fn capacity(&self) -> Capacity {
+        Capacity::ONE_CALL_AT_A_TIME
+    }
+}
+
+/// What an engine takes at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capacity {
+    /// Segments it works on or queues near the device at once (all its workers' batches).
+    pub segments_in_flight: usize,
+    /// Segments per `transcribe` call: enough to fill its batches, few enough to bound memory.
+    pub segments_per_call: usize,
+}
+
+impl Capacity {
+    /// An in-process engine: one call at a time, eight segments each.
+    pub const ONE_CALL_AT_A_TIME: Capacity = Capacity {
+        segments_in_flight: 1,
+        segments_per_call: 8,
+    };
 }
 
 /// A segment's transcript and where the segment starts in the recording.

@@ -19,7 +19,7 @@ fn spawn(backend: &Backend, extra: &[&str], log_name: &str) -> (Child, std::path
         .args(["--wait-time-s", "1", "--receivers", "1"])
         .args(extra)
         .envs(backend.cli_env())
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", "info,dispatcher::pipeline=debug")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).expect("log file"));
     (cmd.spawn().expect("spawn dispatcher"), log)

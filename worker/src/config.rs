@@ -82,6 +82,11 @@ pub struct ServeArgs {
         default_value = "device"
     )]
     pub cuda_features: CudaFeaturesArg,
+    /// How the CUDA engine waits for its GPU: `block` (the thread sleeps until the GPU is done,
+    /// leaving the host's cores to audio decoding) or `spin` (polls on a core: microseconds
+    /// sooner per batch, one core busy per worker while its GPU works).
+    #[arg(long, env = "WORKER_CUDA_SYNC", value_enum, default_value = "block")]
+    pub cuda_sync: CudaSyncArg,
     /// The CUDA engine's encoder storage: `bf16` (fast) or `f32` (NeMo's fp32 results, about
     /// twice the weight memory).
     #[arg(
@@ -147,6 +152,12 @@ pub enum CudaFeaturesArg {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CudaSyncArg {
+    Block,
+    Spin,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum CudaPrecisionArg {
     Bf16,
     F32,
@@ -202,6 +213,7 @@ impl ServeArgs {
                 },
                 precision: self.cuda_encoder_precision.into(),
                 weights_share_dir: self.cuda_weights_share_dir.clone(),
+                blocking_sync: self.cuda_sync == CudaSyncArg::Block,
             },
         }
     }

@@ -27,6 +27,8 @@ pub struct CudaSettings {
     pub subsampling_scratch_bytes: usize,
     /// Where the workers of this GPU share one copy of the encoder weights (`None`: private).
     pub weights_share_dir: Option<PathBuf>,
+    /// Waits for the GPU sleep instead of spinning on a host core.
+    pub blocking_sync: bool,
 }
 
 pub struct CudaEngine {
@@ -39,6 +41,12 @@ impl CudaEngine {
     pub fn load(path: &Path, settings: CudaSettings) -> Result<Self, WorkerError> {
         let mut model = GpuParakeet::load_with(path, settings.device, settings.precision)
             .map_err(WorkerError::Cuda)?;
+        if settings.blocking_sync {
+            model
+                .engine()
+                .set_blocking_sync()
+                .map_err(WorkerError::Cuda)?;
+        }
         model.set_feature_location(settings.features);
         model.set_subsampling_scratch_limit_bytes(settings.subsampling_scratch_bytes);
         let probe = model.engine().probe().map_err(WorkerError::Cuda)?;

@@ -29,6 +29,9 @@ pub struct DecodedAudio {
     pub duration_secs: f64,
     /// Largest absolute sample: 0.0 means digital silence (which decodes fine, to empty text).
     pub peak_abs: f32,
+    /// Seconds of this decode spent downmixing and resampling (the rest is demuxing and the
+    /// codec): where the host's time goes, for the pipeline's stage metrics.
+    pub resample_secs: f64,
 }
 
 /// Output growth step: at least one minute of 16 kHz audio, so capacity stays within about
@@ -317,6 +320,8 @@ struct DecodeState<'l> {
     interleaved: Vec<f32>,
     mono: Vec<f32>,
     pcm_16k: Vec<f32>,
+    /// Time spent in downmix and resampling so far.
+    resampling: std::time::Duration,
 }
 
 impl<'l> DecodeState<'l> {
@@ -329,6 +334,7 @@ impl<'l> DecodeState<'l> {
             interleaved: Vec::new(),
             mono: Vec::new(),
             pcm_16k: Vec::new(),
+            resampling: std::time::Duration::ZERO,
         }
     }
 
@@ -376,6 +382,7 @@ impl<'l> DecodeState<'l> {
                 max_duration_secs: self.limits.max_duration_secs,
             });
         }
+        let started = std::time::Instant::now();
         let scale = 1.0 / *channels as f32;
         self.mono.clear();
         self.mono.extend(
@@ -388,7 +395,9 @@ impl<'l> DecodeState<'l> {
             self.pcm_16k
                 .reserve_exact(grow_by.max(self.pcm_16k.len() / 4).max(MIN_GROWTH_FRAMES));
         }
-        resampler.push(&self.mono, &mut self.pcm_16k)
+        let pushed = resampler.push(&self.mono, &mut self.pcm_16k);
+        self.resampling += started.elapsed();
+        pushed
     }
 
     fn finish(
@@ -441,7 +450,9 @@ impl<'l> DecodeState<'l> {
                 min_duration_ms: self.limits.min_duration_ms,
             });
         }
+        let started = std::time::Instant::now();
         resampler.finish(&mut self.pcm_16k)?;
+        self.resampling += started.elapsed();
         let peak_abs = self.pcm_16k.iter().fold(0.0f32, |m, s| m.max(s.abs()));
         Ok(DecodedAudio {
             duration_secs: self.pcm_16k.len() as f64 / f64::from(TARGET_SAMPLE_RATE_HZ),
@@ -449,6 +460,7 @@ impl<'l> DecodeState<'l> {
             source_sample_rate_hz: rate,
             source_channels: channels,
             peak_abs,
+            resample_secs: self.resampling.as_secs_f64(),
         })
     }
 }

@@ -1,7 +1,9 @@
 //! `dispatcher backfill s3://bucket/prefix`: enqueue every input under a prefix that has no
 //! result for the current model yet.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use dispatcher::backfill::{backfill, BackfillSettings};
@@ -97,20 +99,38 @@ pub(crate) async fn run(args: BackfillArgs) -> anyhow::Result<()> {
             )
         }
     };
-    let bar = ProgressBar::new_spinner();
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} {elapsed} {msg}")
-            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-    );
+    // A spinner on a terminal; off one, a plain line every 10 s (logs, cron).
+    let bar = std::io::stderr()
+        .is_terminal()
+        .then(ProgressBar::new_spinner);
+    if let Some(bar) = &bar {
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} {elapsed} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+    }
+    let mut last_line = Instant::now();
     let summary = backfill(store.as_ref(), queue.as_ref(), &settings, |s| {
-        bar.set_message(format!(
+        let counts = format!(
             "listed {} · already done {} · enqueued {} · failed {}",
             s.listed, s.skipped_done, s.enqueued, s.send_failures
-        ));
-        bar.tick();
+        );
+        match &bar {
+            Some(bar) => {
+                bar.set_message(counts);
+                bar.tick();
+            }
+            None if last_line.elapsed() >= Duration::from_secs(10) => {
+                last_line = Instant::now();
+                eprintln!("progress: {counts}");
+            }
+            None => {}
+        }
     })
     .await?;
-    bar.finish();
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
     println!(
         "listed {} · already done {} · enqueued {}{} · failed {}",
         summary.listed,

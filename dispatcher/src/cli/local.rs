@@ -4,18 +4,23 @@
 //! `--follow`).
 
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use dispatcher::app::{self, MetricsRuntime};
 use dispatcher::config::SettingsArgs;
 use dispatcher::job::{JobMessage, ObjectRef};
-use dispatcher::lifecycle::run_until_signal;
+use dispatcher::lifecycle::{run_until_signal, Consumer};
+use dispatcher::metrics::Metrics;
 use dispatcher::queue::spool::SpoolQueue;
 use dispatcher::queue::Queue;
 use dispatcher::store::local::LocalStore;
 use dispatcher::store::ObjectStore;
 use tokio_util::sync::CancellationToken;
+
+use super::progress::{Progress, Snapshot};
 
 /// Bucket (store subdirectory) that `--input-dir` files are copied into.
 pub(crate) const LOCAL_INPUT_BUCKET: &str = "inputs";
@@ -41,6 +46,9 @@ pub(crate) struct LocalArgs {
     /// Keep waiting for new messages instead of exiting once the queue is empty.
     #[arg(long)]
     pub(crate) follow: bool,
+    /// Off a terminal (where no progress bar is drawn), seconds between progress lines.
+    #[arg(long, env = "DISPATCHER_PROGRESS_INTERVAL_S", default_value_t = 10.0)]
+    pub(crate) progress_interval_s: f64,
     /// TOML file with any of the settings below.
     #[arg(long, env = "DISPATCHER_CONFIG")]
     pub(crate) config: Option<PathBuf>,
@@ -50,30 +58,43 @@ pub(crate) struct LocalArgs {
     pub(crate) engine: dispatcher::fleet_engine::EngineArgs,
 }
 
-pub(crate) async fn run(args: LocalArgs) -> anyhow::Result<()> {
+/// Exit status of a run in which some jobs failed (their failure records were written): the
+/// run itself worked, so it is not 1 (an error that stopped the run).
+pub(crate) const EXIT_JOBS_FAILED: u8 = 3;
+
+pub(crate) async fn run(args: LocalArgs) -> anyhow::Result<ExitCode> {
+    if !(args.progress_interval_s.is_finite() && args.progress_interval_s > 0.0) {
+        anyhow::bail!(
+            "--progress-interval-s must be a positive number of seconds, got {}",
+            args.progress_interval_s
+        );
+    }
     let local_defaults = SettingsArgs {
         output_uri: Some(LOCAL_OUTPUT_URI.into()),
         wait_time_s: Some(1),
-        receivers: Some(1),
         ..SettingsArgs::default()
     };
     let settings = args
         .settings
         .over(local_defaults)
         .resolve(args.config.as_deref())?;
-    let spool = SpoolQueue::open(&args.spool, settings.max_receives)?;
-    let store = LocalStore::open(&args.store)?;
-    if let Some(dir) = &args.input_dir {
-        if args.diarize && settings.diar_model.is_none() {
-            anyhow::bail!("--diarize needs --diar-model (or DIAR_MODEL, or `diar_model`)");
-        }
-        let n = submit_dir(&spool, &store, dir, args.diarize)?;
-        eprintln!("submitted {n} files from {}", dir.display());
-    }
     let model = settings
         .model
         .clone()
         .context("--model (or MODEL, or `model` in the config file) is required to process jobs")?;
+    if args.diarize && settings.diar_model.is_none() {
+        anyhow::bail!("--diarize needs --diar-model (or DIAR_MODEL, or `diar_model`)");
+    }
+    let spool = SpoolQueue::open(&args.spool, settings.max_receives)?;
+    let store = LocalStore::open(&args.store)?;
+    let submitted = match &args.input_dir {
+        Some(dir) => {
+            let n = submit_dir(&spool, &store, dir, args.diarize)?;
+            eprintln!("submitted {n} files from {}", dir.display());
+            Some(n as u64)
+        }
+        None => None,
+    };
     let engine = dispatcher::fleet_engine::load_for(&args.engine, &settings, &model)?;
     let transcriber = engine.transcriber;
     let diarizer = engine.diarizer;
@@ -92,8 +113,40 @@ pub(crate) async fn run(args: LocalArgs) -> anyhow::Result<()> {
         &metrics,
         !args.follow,
     )?;
-    let summary = run_until_signal(consumer, CancellationToken::new()).await?;
+    // Jobs in the spool from before (no --input-dir): the total is unknown.
+    let total = submitted.filter(|_| !args.follow);
+    let progress = Progress::new(
+        "files",
+        total,
+        Duration::from_secs_f64(args.progress_interval_s),
+    );
+    let watching = CancellationToken::new();
+    let watcher = tokio::spawn(watch(
+        progress,
+        consumer.clone(),
+        metrics.metrics.clone(),
+        watching.clone(),
+    ));
+    let started = Instant::now();
+    let summary = run_until_signal(consumer.clone(), CancellationToken::new()).await?;
+    // Up to the last job's end: the empty receive that ends an idle run is not work.
+    let wall_s = consumer
+        .last_finished()
+        .map_or_else(
+            || started.elapsed(),
+            |t| t.saturating_duration_since(started),
+        )
+        .as_secs_f64();
+    watching.cancel();
+    let progress = watcher.await?;
+    let totals = metrics.metrics.clone();
+    // Shutting down folds the last events into the totals.
     metrics.shutdown().await;
+    progress.finish(
+        snapshot(&consumer, &totals),
+        Duration::from_secs_f64(wall_s),
+    );
+    eprint!("{}", stage_table(&totals, wall_s));
     let counts = spool.counts()?;
     eprintln!(
         "done {} · already done {} · failed {} · ignored {} · unreadable {} · released {} · \
@@ -110,7 +163,69 @@ pub(crate) async fn run(args: LocalArgs) -> anyhow::Result<()> {
     if summary.infrastructure_stop {
         anyhow::bail!("stopped after an infrastructure error (see log)");
     }
-    Ok(())
+    if summary.failed > 0 {
+        eprintln!(
+            "{} jobs failed: each has a failure record (failure.json) naming the reason under {}",
+            summary.failed,
+            args.store.join("results").display()
+        );
+        return Ok(ExitCode::from(EXIT_JOBS_FAILED));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Updates `progress` four times a second until `stop`, then hands it back.
+async fn watch(
+    mut progress: Progress,
+    consumer: Arc<Consumer>,
+    metrics: Metrics,
+    stop: CancellationToken,
+) -> Progress {
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => progress.update(snapshot(&consumer, &metrics)),
+            _ = stop.cancelled() => return progress,
+        }
+    }
+}
+
+fn snapshot(consumer: &Consumer, metrics: &Metrics) -> Snapshot {
+    let summary = consumer.summary();
+    let registry = metrics.registry();
+    let audio_s = registry
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .audio_seconds_total();
+    Snapshot {
+        done: summary.done + summary.already_done,
+        failed: summary.failed,
+        audio_s,
+    }
+}
+
+/// Where the time went, per pipeline stage: jobs, total seconds (summed over jobs running at
+/// the same time, so stages can exceed the wall time) and the mean per job. The wall runs from
+/// the consumer's start (the engine is ready by then) to the last job's end.
+fn stage_table(metrics: &Metrics, wall_s: f64) -> String {
+    let registry = metrics.registry();
+    let registry = registry.lock().unwrap_or_else(|p| p.into_inner());
+    let audio_s = registry.audio_seconds_total();
+    let mut out = format!(
+        "wall {wall_s:.2} s · audio {audio_s:.1} s · {:.0} audio-s/s\n",
+        if wall_s > 0.0 { audio_s / wall_s } else { 0.0 }
+    );
+    for (stage, count, sum) in registry.stage_totals() {
+        if count == 0 {
+            continue;
+        }
+        out.push_str(&format!(
+            "stage {:<12} {count:>7} jobs {sum:>10.2} s total {:>9.2} ms mean\n",
+            stage.label(),
+            1000.0 * sum / count as f64
+        ));
+    }
+    out
 }
 
 /// Copies every visible file under `dir` into the store and enqueues one job per file.

@@ -73,9 +73,9 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
 }
 
 /// Runs an async subcommand on a multi-threaded runtime.
-pub(crate) fn block_on<F: std::future::Future<Output = anyhow::Result<()>>>(
+pub(crate) fn block_on<T, F: std::future::Future<Output = anyhow::Result<T>>>(
     fut: F,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<T> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?

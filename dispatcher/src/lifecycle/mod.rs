@@ -76,6 +76,8 @@ pub struct Consumer {
     pub healthy: Arc<AtomicBool>,
     summary: Mutex<RunSummary>,
     jobs_in_flight: AtomicUsize,
+    /// When the latest message was finished with (a run's end of work, before the idle wait).
+    last_finished: Mutex<Option<std::time::Instant>>,
 }
 
 impl Consumer {
@@ -87,7 +89,13 @@ impl Consumer {
             healthy: Arc::new(AtomicBool::new(true)),
             summary: Mutex::new(RunSummary::default()),
             jobs_in_flight: AtomicUsize::new(0),
+            last_finished: Mutex::new(None),
         }
+    }
+
+    /// What has happened so far (progress displays poll it while [`Self::run`] runs).
+    pub fn summary(&self) -> RunSummary {
+        self.summary_mut().clone()
     }
 
     fn summary_mut(&self) -> std::sync::MutexGuard<'_, RunSummary> {
@@ -263,7 +271,14 @@ impl Consumer {
     }
 
     fn finish(&self) {
+        *self.last_finished.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(std::time::Instant::now());
         self.jobs_in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// When the latest message was finished with, if any was.
+    pub fn last_finished(&self) -> Option<std::time::Instant> {
+        *self.last_finished.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     async fn dispose(&self, message: &Received) -> Disposition {

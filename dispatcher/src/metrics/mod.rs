@@ -20,23 +20,36 @@ pub use prometheus::Registry;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Stage {
     Fetch,
+    /// Waiting for a thread of the bounded decode pool.
+    DecodeWait,
+    /// Demux, codec, downmix and resampling (resampling is also reported alone).
     Decode,
+    /// The downmix and resampling part of `Decode`.
+    Resample,
     /// Waiting for a free inference slot.
     QueueWait,
+    /// The engine's round trip: for a fleet, waiting for a worker, features, encoder and
+    /// decoder.
     Inference,
     /// Speaker diarization (runs alongside inference).
     Diarization,
+    /// Stitching, timestamps and every output format.
+    Render,
+    /// Writing outputs and manifest to the store.
     Upload,
     EndToEnd,
 }
 
 impl Stage {
-    pub const ALL: [Stage; 7] = [
+    pub const ALL: [Stage; 10] = [
         Self::Fetch,
+        Self::DecodeWait,
         Self::Decode,
+        Self::Resample,
         Self::QueueWait,
         Self::Inference,
         Self::Diarization,
+        Self::Render,
         Self::Upload,
         Self::EndToEnd,
     ];
@@ -44,10 +57,13 @@ impl Stage {
     pub fn label(self) -> &'static str {
         match self {
             Self::Fetch => "fetch",
+            Self::DecodeWait => "decode_wait",
             Self::Decode => "decode",
+            Self::Resample => "resample",
             Self::QueueWait => "queue_wait",
             Self::Inference => "inference",
             Self::Diarization => "diarization",
+            Self::Render => "render",
             Self::Upload => "upload",
             Self::EndToEnd => "end_to_end",
         }

@@ -119,6 +119,19 @@ impl Registry {
         }
     }
 
+    /// Per stage: observations and their total seconds (the `local` run's closing table).
+    pub fn stage_totals(&self) -> Vec<(Stage, u64, f64)> {
+        self.stages
+            .iter()
+            .map(|(stage, h)| (*stage, h.count, h.sum))
+            .collect()
+    }
+
+    /// Audio seconds of every job that finished inference.
+    pub fn audio_seconds_total(&self) -> f64 {
+        self.audio_seconds_total
+    }
+
     pub fn jobs(&self, outcome: &str) -> u64 {
         self.jobs.get(outcome).copied().unwrap_or(0)
     }

@@ -140,8 +140,14 @@ impl SpoolQueue {
         let ready_dir = self.dir.join("ready");
         let leased_names = list_entries(&leased_dir)?;
         let mut candidates: Vec<Entry> = Vec::new();
+        // Ready names start with the send time, so name order is send order: only the first
+        // `max` can be taken, and only those are read (reading every waiting message on every
+        // receive made a large folder's run quadratic).
         for name in list_entries(&ready_dir)? {
-            if leased_names.contains(&name) {
+            if candidates.len() >= max {
+                break;
+            }
+            if leased_names.binary_search(&name).is_ok() {
                 // A crash between writing the lease and removing the ready copy.
                 let _ = fs::remove_file(ready_dir.join(&name));
                 continue;

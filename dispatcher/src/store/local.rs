@@ -21,6 +21,57 @@ const LIST_PAGE_SIZE: usize = 1000;
 pub struct LocalStore {
     root: PathBuf,
     page_size: usize,
+    etags: EtagCache,
+}
+
+/// What identifies one version of a file without reading it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+    inode: u64,
+}
+
+impl FileStamp {
+    fn of(meta: &fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            len: meta.len(),
+            modified: meta.modified().ok(),
+            inode: meta.ino(),
+        }
+    }
+}
+
+/// Content hashes already computed, valid while the file's stamp is unchanged: a job's `head`
+/// and `get` then hash its input once between them, not twice (hashing was most of the local
+/// store's CPU time per job).
+#[derive(Debug, Clone, Default)]
+struct EtagCache(
+    std::sync::Arc<std::sync::Mutex<std::collections::HashMap<PathBuf, (FileStamp, String)>>>,
+);
+
+impl EtagCache {
+    fn get(&self, path: &Path, stamp: FileStamp) -> Option<String> {
+        let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(path)
+            .filter(|(s, _)| *s == stamp)
+            .map(|(_, etag)| etag.clone())
+    }
+
+    fn put(&self, path: &Path, stamp: FileStamp, etag: &str) {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.insert(path.to_owned(), (stamp, etag.to_owned()));
+    }
+
+    /// Forgets `path` once its job is done with it (the cache stays as small as the work in
+    /// flight).
+    fn forget(&self, path: &Path) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(path);
+    }
 }
 
 impl LocalStore {
@@ -31,6 +82,7 @@ impl LocalStore {
         Ok(Self {
             root,
             page_size: LIST_PAGE_SIZE,
+            etags: EtagCache::default(),
         })
     }
 
@@ -106,12 +158,24 @@ impl ObjectStore for LocalStore {
     async fn head(&self, object: &ObjectRef) -> Result<Option<ObjectMeta>> {
         no_versions(object)?;
         let path = object_path(&self.root, &object.bucket, &object.key)?;
+        let etags = self.etags.clone();
         blocking(move || match fs::metadata(&path) {
-            Ok(meta) if meta.is_file() => Ok(Some(ObjectMeta {
-                size_bytes: meta.len(),
-                etag: etag_of_file(&path).map_err(|e| DispatchError::io(&path, e))?,
-                version_id: None,
-            })),
+            Ok(meta) if meta.is_file() => {
+                let stamp = FileStamp::of(&meta);
+                let etag = match etags.get(&path, stamp) {
+                    Some(etag) => etag,
+                    None => {
+                        let etag = etag_of_file(&path).map_err(|e| DispatchError::io(&path, e))?;
+                        etags.put(&path, stamp, &etag);
+                        etag
+                    }
+                };
+                Ok(Some(ObjectMeta {
+                    size_bytes: meta.len(),
+                    etag,
+                    version_id: None,
+                }))
+            }
             Ok(_) => Ok(None),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(DispatchError::io(&path, e)),
@@ -129,6 +193,7 @@ impl ObjectStore for LocalStore {
         let path = object_path(&self.root, &object.bucket, &object.key)?;
         let object = object.clone();
         let if_etag = if_etag.map(str::to_owned);
+        let etags = self.etags.clone();
         blocking(move || {
             let missing = || DispatchError::ObjectMissing {
                 bucket: object.bucket.clone(),
@@ -139,10 +204,8 @@ impl ObjectStore for LocalStore {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(missing()),
                 Err(e) => return Err(DispatchError::io(&path, e)),
             };
-            let size_bytes = file
-                .metadata()
-                .map_err(|e| DispatchError::io(&path, e))?
-                .len();
+            let before = FileStamp::of(&file.metadata().map_err(|e| DispatchError::io(&path, e))?);
+            let size_bytes = before.len;
             if size_bytes > max_bytes {
                 return Err(DispatchError::ObjectTooLarge {
                     bucket: object.bucket.clone(),
@@ -157,7 +220,14 @@ impl ObjectStore for LocalStore {
                 .read_to_end(&mut bytes)
                 .map_err(|e| DispatchError::io(&path, e))?;
             if let Some(expected) = if_etag {
-                if etag_of_bytes(&bytes) != expected {
+                // Unchanged since it was hashed (same stamp before and after this read): the
+                // cached hash stands for these bytes.
+                let after = fs::metadata(&path).map(|m| FileStamp::of(&m)).ok();
+                let known = etags.get(&path, before);
+                etags.forget(&path);
+                let unchanged =
+                    after == Some(before) && known.as_deref() == Some(expected.as_str());
+                if !unchanged && etag_of_bytes(&bytes) != expected {
                     return Err(DispatchError::Store {
                         bucket: object.bucket,
                         key: object.key,

@@ -174,7 +174,7 @@ fn main() -> Result<()> {
         None
     } else {
         let mut single = args.fleet.clone();
-        single.instances_per_gpu = 1;
+        single.instances_per_gpu = Some(1);
         single.no_mps = true;
         single.gpus.truncate(1);
         let base = single

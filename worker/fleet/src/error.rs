@@ -35,6 +35,9 @@ pub enum FleetError {
     ShuttingDown,
     #[error("timestamps: {0}")]
     Timestamps(#[from] models::ModelError),
+    /// `worker probe` could not open this GPU (host ordinal), so no worker could either.
+    #[error("GPU {gpu} cannot be used: {detail} (check `nvidia-smi` and the CUDA driver, or run CPU workers with --cpu-instances)")]
+    GpuProbe { gpu: u32, detail: String },
     #[error("MPS control command `{command}` failed: {detail}")]
     Mps { command: String, detail: String },
 }

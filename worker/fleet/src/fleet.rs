@@ -150,6 +150,17 @@ struct Request {
     sent_at: Option<Instant>,
     attempts: u32,
     outcome: Option<Result<Answer, FleetError>>,
+    /// Signalled when `outcome` is set: only this request's caller waits on it, so an answer
+    /// wakes one thread, not every caller with a request in flight.
+    done: Arc<Condvar>,
+}
+
+impl Request {
+    /// Records the outcome and wakes the caller waiting for it.
+    fn finish(&mut self, outcome: Result<Answer, FleetError>) {
+        self.outcome = Some(outcome);
+        self.done.notify_all();
+    }
 }
 
 /// A worker's answer, of the request's task.
@@ -459,6 +470,7 @@ impl Fleet {
                 sent_at: None,
                 attempts: 0,
                 outcome: None,
+                done: Arc::new(Condvar::new()),
             },
         );
         state.waiting.of(task).push_back(id);
@@ -468,19 +480,18 @@ impl Fleet {
 
     fn wait_result(&self, id: u64) -> Result<Answer, FleetError> {
         let mut state = self.shared.lock();
+        let Some(done) = state.requests.get(&id).map(|r| r.done.clone()) else {
+            return Err(FleetError::ShuttingDown);
+        };
         loop {
-            let done = state.requests.get(&id).is_none_or(|r| r.outcome.is_some());
-            if done {
+            let finished = state.requests.get(&id).is_none_or(|r| r.outcome.is_some());
+            if finished {
                 return match state.requests.remove(&id).and_then(|r| r.outcome) {
                     Some(outcome) => outcome,
                     None => Err(FleetError::ShuttingDown),
                 };
             }
-            state = self
-                .shared
-                .changed
-                .wait(state)
-                .unwrap_or_else(|p| p.into_inner());
+            state = done.wait(state).unwrap_or_else(|p| p.into_inner());
         }
     }
 }

@@ -22,6 +22,7 @@ mod error;
 mod events;
 mod fleet;
 mod health;
+pub mod layout;
 mod load_lock;
 mod metrics;
 pub mod mps;

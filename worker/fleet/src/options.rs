@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::config::{DiarizationPool, FleetConfig, GroupConfig};
 use crate::error::FleetError;
+use crate::layout;
 use crate::mps::MpsConfig;
 
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -20,13 +21,15 @@ pub struct FleetOptions {
         conflicts_with = "cpu_instances"
     )]
     pub gpus: Vec<u32>,
-    /// Workers per GPU.
-    #[arg(long, env = "FLEET_INSTANCES_PER_GPU", default_value_t = 1)]
-    pub instances_per_gpu: usize,
+    /// Workers per GPU (default: chosen per GPU from its SMs and memory and the host's cores,
+    /// at most 4; see `layout::auto_instances`; the start-up log says what was chosen and why).
+    #[arg(long, env = "FLEET_INSTANCES_PER_GPU")]
+    pub instances_per_gpu: Option<usize>,
     /// CPU mode: this many workers in one group, no GPU, no MPS.
     #[arg(long, env = "FLEET_CPU_INSTANCES")]
     pub cpu_instances: Option<usize>,
-    /// Plain time-slicing: no MPS daemon, no thread percentage.
+    /// Plain time-slicing: no MPS daemon, no thread percentage (also the default when a GPU
+    /// runs one worker).
     #[arg(long, env = "FLEET_NO_MPS")]
     pub no_mps: bool,
     /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` of every worker (default: 100 / instances per GPU).
@@ -111,7 +114,7 @@ impl FleetOptions {
                 FleetConfig::cpu(PathBuf::new(), PathBuf::new(), PathBuf::new(), n).groups
             }
             (None, false) => {
-                let mps = (!self.no_mps).then(|| MpsConfig {
+                let mps = MpsConfig {
                     pipe_root: self
                         .mps_pipe_root
                         .clone()
@@ -121,8 +124,27 @@ impl FleetOptions {
                         .clone()
                         .unwrap_or_else(|| runtime_dir.join("mps/log")),
                     active_thread_percentage: self.mps_thread_percentage,
-                });
-                gpu_groups(&self.gpus, self.instances_per_gpu, mps.as_ref())?
+                };
+                let mut groups = gpu_groups(&self.gpus, self.instances_per_gpu.unwrap_or(1), None)?;
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                let cores_per_gpu = cores / self.gpus.len().max(1);
+                for group in &mut groups {
+                    let gpu = group.gpu.unwrap_or_default();
+                    let chosen_by_us = self.instances_per_gpu.is_none();
+                    if chosen_by_us {
+                        let device = layout::probe_gpu(&worker_binary, gpu)?;
+                        let layout = layout::auto_instances(&device, cores_per_gpu);
+                        group.instances = layout.instances;
+                        tracing::info!(gpu, instances = layout.instances, why = %layout.reason,
+                            "workers per GPU chosen (--instances-per-gpu overrides)");
+                    }
+                    // One worker has nothing to share the GPU with: MPS only adds a daemon,
+                    // unless it was asked for explicitly with a thread percentage.
+                    let alone = group.instances == 1 && self.mps_thread_percentage.is_none();
+                    let mps_wanted = !self.no_mps && (!alone || !chosen_by_us);
+                    group.mps = mps_wanted.then(|| mps.clone());
+                }
+                groups
             }
             _ => {
                 return Err(FleetError::Config(
@@ -204,6 +226,8 @@ mod tests {
         let base = [
             "--gpus",
             "0",
+            "--instances-per-gpu",
+            "1",
             "--runtime-dir",
             "/run/f",
             "--worker-binary",
@@ -271,7 +295,15 @@ mod tests {
 
     #[test]
     fn diarization_pool_defaults_to_8_workers_at_12_percent() {
-        let opts = parse(&["--gpus", "0", "--worker-binary", "w"]).unwrap();
+        let opts = parse(&[
+            "--gpus",
+            "0",
+            "--instances-per-gpu",
+            "1",
+            "--worker-binary",
+            "w",
+        ])
+        .unwrap();
         assert!(opts
             .to_config("cuda", Path::new("m"))
             .unwrap()
@@ -317,7 +349,16 @@ mod tests {
 
     #[test]
     fn no_mps_and_cpu_modes() {
-        let opts = parse(&["--gpus", "0", "--no-mps", "--worker-binary", "w"]).unwrap();
+        let opts = parse(&[
+            "--gpus",
+            "0",
+            "--instances-per-gpu",
+            "2",
+            "--no-mps",
+            "--worker-binary",
+            "w",
+        ])
+        .unwrap();
         let cfg = opts.to_config("cuda", Path::new("m")).unwrap();
         assert!(cfg.groups[0].mps.is_none());
         let opts = parse(&["--cpu-instances", "3", "--worker-binary", "w"]).unwrap();
@@ -334,6 +375,14 @@ mod tests {
         assert!(neither.to_config("cpu", Path::new("m")).is_err());
         let twice = parse(&["--gpus", "1,1", "--worker-binary", "w"]).unwrap();
         assert!(twice.to_config("cuda", Path::new("m")).is_err());
+        // No --instances-per-gpu: the GPU is probed through the worker binary, whose failure
+        // stops the start with the GPU named.
+        let unprobed = parse(&["--gpus", "2", "--worker-binary", "false"]).unwrap();
+        let error = unprobed.to_config("cuda", Path::new("m")).unwrap_err();
+        assert!(
+            matches!(error, FleetError::GpuProbe { gpu: 2, .. }),
+            "{error}"
+        );
         let zero = parse(&[
             "--gpus",
             "0",

@@ -136,7 +136,7 @@ pub(super) fn on_message(shared: &Shared, slot: usize, generation: u64, message:
                     }
                     kind => {
                         if let Some(req) = state.requests.get_mut(&id) {
-                            req.outcome = Some(Err(FleetError::Rejected {
+                            req.finish(Err(FleetError::Rejected {
                                 kind,
                                 message: error.message,
                             }));
@@ -204,7 +204,7 @@ fn answered(
         unassign(state, id);
         state.slots[slot].failures = 0;
         if let Some(req) = state.requests.get_mut(&id) {
-            req.outcome = Some(Ok(answer));
+            req.finish(Ok(answer));
         }
     }
 }

@@ -18,7 +18,7 @@ impl Fleet {
             state.shutting_down = true;
             for req in state.requests.values_mut() {
                 if req.outcome.is_none() {
-                    req.outcome = Some(Err(FleetError::ShuttingDown));
+                    req.finish(Err(FleetError::ShuttingDown));
                 }
             }
             let children: Vec<Child> = state

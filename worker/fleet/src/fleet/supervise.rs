@@ -142,7 +142,7 @@ fn take_down(shared: &Shared, state: &mut State, slot: usize, cause: RestartCaus
             req.on = None;
             req.attempts += 1;
             if req.attempts >= max_attempts {
-                req.outcome = Some(Err(FleetError::PoisonRequest {
+                req.finish(Err(FleetError::PoisonRequest {
                     attempts: req.attempts,
                 }));
             } else {

@@ -1,0 +1,221 @@
+#!/usr/bin/env bash
+# The main job end to end on the GPU machine: recordings in, transcripts out, with
+# `dispatcher local --engine fleet`, beside the offline engine benchmark on the same audio (the
+# ceiling), in one call. From the repository root, with
+#   .bench-corpus/   from scripts/bench/make_pipeline_corpus.sh (made on the developer machine)
+#   .device-pipeline/bins.tar.xz: dispatcher, worker, offline_bench, sla_sweep, libopus.so.0
+#                    (scripts/bench/build_pipeline_bins.sh), unpacked into $BIN
+#                    (default /tmp/pipeline-bin)
+# Writes under ${OUT:-/tmp/pipeline}: results.jsonl (one line per run), the runs' logs, and
+# gpu-*.csv (GPU utilisation sampled every 200 ms during each run); with TARBALL=PATH, all of it
+# packed into one file at the end (the device tool brings back few files).
+#
+# Steps (STEPS=..., default "model corpus offline default"):
+#   model    the calibrated full-size random Parakeet (scripts/device/gpu_fleet_drill.sh model)
+#   corpus   copies the seed recordings under new names until the mix holds HOURS (default 23)
+#            hours of 5-60 s recordings, plus LONG_COPIES (default 4) copies of each long one
+#   offline  the offline engine benchmark (offline_bench, batch 16, length-sorted) on the
+#            16 kHz versions of the same clips: the ceiling
+#   default  `dispatcher local --engine fleet --gpus 0` and nothing else (the defaults)
+#   before   the settings the main job had before sizing (4 workers, 4 jobs in flight, one in
+#            inference, 8 segments per call, spinning GPU waits), for comparison
+#   single   --instances-per-gpu 1 (one worker, no MPS)
+#   spin     the defaults with spinning GPU waits (--worker-arg=--cuda-sync=spin)
+#   layouts  the whole mix with one worker (--instances-per-gpu 1) and with 4 under MPS
+#            (--instances-per-gpu 4), beside the default
+#            (before, single and spin run on 30 % of the mix, beside the defaults on the same
+#            part, as run default-quarter when default is a step)
+#   formats  host CPU per format: one run per format's recordings (and one with none, whose
+#            CPU, the fleet's start and stop, is subtracted)
+#   sla      the seed article's SLA sweep (worker/fleet/examples/sla_sweep.rs) on the 5/15/30/
+#            45/60 s clips: layouts single, timeslice4, mps2, mps4, mps8 (SLA_LAYOUTS), closed
+#            loop at SLA_CONCURRENCY, SLA_ROUNDS rounds of SLA_LEVEL_S s; writes sla.csv (plot it
+#            on the developer machine with the sla_plot example)
+# Every run's host CPU is the user + system time of the dispatcher and everything it waited for
+# (its workers); its wall and audio-s/s come from the dispatcher's closing table, which starts
+# timing once the fleet is ready (the fleet's start excluded).
+set -uo pipefail
+OUT=${OUT:-/tmp/pipeline}
+BIN=${BIN:-/tmp/pipeline-bin}
+STEPS=${STEPS:-model corpus offline default}
+MODEL=${MODEL:-/tmp/parakeet-random.nemo}
+HOURS=${HOURS:-23}
+LONG_COPIES=${LONG_COPIES:-4}
+CORPUS=${CORPUS:-/tmp/pipeline-corpus}
+SEED=${SEED:-$PWD/.bench-corpus}
+mkdir -p "$OUT" "$BIN"
+if [ ! -x "$BIN/dispatcher" ]; then
+  xz -dc .device-pipeline/bins.tar.xz | tar -C "$BIN" -xf - || exit 1
+fi
+export LD_LIBRARY_PATH="$BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+{ date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader; nproc; } \
+  | tee "$OUT/machine.txt"
+
+if has model; then
+  OUT=$OUT/drill MODEL=$MODEL STEPS=model BIN=$BIN bash scripts/device/gpu_fleet_drill.sh >/dev/null 2>&1
+  ls -la "$MODEL" || exit 1
+fi
+
+if has corpus; then
+  rm -rf "$CORPUS"; mkdir -p "$CORPUS"
+  python3 - "$SEED" "$CORPUS" "$HOURS" "$LONG_COPIES" <<'PY'
+import os, shutil, sys, wave
+seed, out, hours, long_copies = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+def secs(name):
+    # clip45s.mp3 -> 45; ref16k WAVs are the wav format of the same clips
+    return float(name.split("s", 1)[0].removeprefix("clip"))
+short = [(os.path.join(seed, "seed", f), f) for f in sorted(os.listdir(f"{seed}/seed")) if f.startswith("clip")]
+short += [(os.path.join(seed, "ref16k", f), f) for f in sorted(os.listdir(f"{seed}/ref16k"))]
+per_round = sum(secs(f) for _, f in short)
+rounds = max(1, round(hours * 3600 / per_round))
+total = 0.0
+for r in range(rounds):
+    for path, name in short:
+        fmt = name.split(".", 1)[1].replace(".", "_")
+        os.makedirs(f"{out}/{fmt}", exist_ok=True)
+        os.link(path, f"{out}/{fmt}/r{r:04d}_{name}")
+        total += secs(name)
+for path in sorted(os.listdir(f"{seed}/seed")):
+    if path.startswith("long"):
+        fmt = "long"
+        os.makedirs(f"{out}/{fmt}", exist_ok=True)
+        for c in range(long_copies):
+            os.link(f"{seed}/seed/{path}", f"{out}/{fmt}/c{c}_{path}")
+            total += 600
+n = sum(len(files) for _, _, files in os.walk(out))
+print(f"corpus: {n} recordings, {total/3600:.2f} h of audio, {rounds} rounds of the seed clips")
+PY
+  du -sh "$CORPUS"; ls "$CORPUS"
+fi
+
+if has offline; then
+  # Each distinct 16 kHz clip as often as in the corpus' mix (20 copies: 100 clips, 1 h).
+  python3 - "$SEED" > /tmp/offline.jsonl <<'PY'
+import json, os, sys
+d = f"{sys.argv[1]}/ref16k"
+for r in range(20):
+    for f in sorted(os.listdir(d)):
+        print(json.dumps({"path": f"{d}/{f}"}))
+PY
+  for run in 1 2; do
+    OFFLINE_MODEL=$MODEL OFFLINE_MANIFEST=/tmp/offline.jsonl OFFLINE_OUT=/tmp/offline_out.jsonl \
+      OFFLINE_BATCH=16 REQUIRE_CUDA=1 timeout 300 "$BIN/offline_bench" --ignored --nocapture 2>&1 \
+      | grep RESULT | sed "s/^/offline run $run: /" | tee -a "$OUT/offline.txt"
+  done
+fi
+
+# run NAME INPUT_DIR [dispatcher flags...]: one `dispatcher local` over INPUT_DIR.
+run() {
+  local name=$1 input=$2; shift 2
+  rm -rf /tmp/spool /tmp/store "/tmp/fleet-$name"
+  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits -lms 200 \
+    > "$OUT/gpu-$name.csv" 2>/dev/null &
+  local smi=$!
+  python3 - "$OUT" "$name" "$BIN/dispatcher" local --spool /tmp/spool --store /tmp/store \
+    --input-dir "$input" --model "$MODEL" --engine fleet --gpus 0 \
+    --runtime-dir "/tmp/fleet-$name" --progress-interval-s 5 "$@" <<'PY'
+import json, os, re, resource, subprocess, sys, time
+out, name, cmd = sys.argv[1], sys.argv[2], sys.argv[3:]
+started = time.time()
+tick = os.sysconf("SC_CLK_TCK")
+own_cpu_s = 0.0
+with open(f"{out}/{name}.log", "w") as log:
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    while proc.poll() is None:
+        # The dispatcher's own user + system time (fields 14, 15 of /proc/PID/stat): the rest
+        # of the children's total is its workers'.
+        try:
+            fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
+            own_cpu_s = (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            pass
+        time.sleep(0.2)
+    rc = proc.returncode
+elapsed = time.time() - started
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+text = open(f"{out}/{name}.log").read()
+text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+m = re.search(r"wall ([0-9.]+) s · audio ([0-9.]+) s · ([0-9]+) audio-s/s", text)
+stages = {s: float(v) for s, v in re.findall(r"stage (\w+)\s+\d+ jobs\s+([0-9.]+) s total", text)}
+jobs = re.search(r"^done (\d+) · already done \d+ · failed (\d+)", text, re.M)
+layout = re.search(r'layout=([^=]*?) diarization', text)
+limits = re.search(r"receivers=(\d+) max_in_flight=(\d+) inference_slots=(\d+) segments_per_call=(\d+) decode_threads=(\d+)", text)
+row = {
+    "run": name, "rc": rc, "process_s": round(elapsed, 2),
+    "wall_s": float(m.group(1)) if m else None,
+    "audio_s": float(m.group(2)) if m else None,
+    "audio_s_per_s": int(m.group(3)) if m else None,
+    "host_cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
+    "dispatcher_cpu_s": round(own_cpu_s, 2),
+    "done": int(jobs.group(1)) if jobs else None, "failed": int(jobs.group(2)) if jobs else None,
+    "layout": layout.group(1).strip() if layout else None,
+    "limits": limits.groups() if limits else None,
+    "stages_s": stages,
+}
+print(json.dumps(row))
+with open(f"{out}/results.jsonl", "a") as f:
+    f.write(json.dumps(row) + "\n")
+PY
+  kill $smi 2>/dev/null; wait $smi 2>/dev/null
+  python3 - "$OUT/gpu-$name.csv" <<'PY'
+import sys
+rows = [l.split(",") for l in open(sys.argv[1]) if l.strip()]
+util = [float(r[0]) for r in rows if r[0].strip().replace(".", "").isdigit()]
+busy = [u for u in util if u > 0]
+print(f"  gpu utilisation: mean {sum(util)/max(1,len(util)):.0f} % over {len(util)} samples, "
+      f"mean {sum(busy)/max(1,len(busy)):.0f} % while busy; memory max {max((float(r[1]) for r in rows), default=0):.0f} MiB")
+PY
+  grep -E "^progress:|workers per GPU chosen|pipeline limits" "$OUT/$name.log" | tail -4 | sed 's/\x1b\[[0-9;]*m//g'
+}
+
+has default && run default "$CORPUS"
+has layouts && run one-worker "$CORPUS" --instances-per-gpu 1
+has layouts && run mps4 "$CORPUS" --instances-per-gpu 4
+# The comparisons run on 30 % of the mix (the copies whose round ends in 0, 4 or 8).
+if has before || has single || has spin; then
+  rm -rf "$CORPUS-quarter"; mkdir -p "$CORPUS-quarter"
+  (cd "$CORPUS" && for d in *; do mkdir -p "$CORPUS-quarter/$d"
+     for f in "$d"/*; do case "$f" in */r*[048]_*|*/c0_*) ln "$f" "$CORPUS-quarter/$f";; esac; done; done)
+fi
+has before && run before "$CORPUS-quarter" --instances-per-gpu 4 --max-in-flight 4 \
+  --inference-slots 1 --segments-per-call 8 --receivers 1 --worker-arg=--cuda-sync=spin
+has single && run single "$CORPUS-quarter" --instances-per-gpu 1
+has spin && run spin "$CORPUS-quarter" --worker-arg=--cuda-sync=spin
+if has default && [ -d "$CORPUS-quarter" ]; then run default-quarter "$CORPUS-quarter"; fi
+
+if has formats; then
+  mkdir -p /tmp/empty-input
+  run formats-none /tmp/empty-input
+  for fmt in wav flac mp3 opus_ogg m4a; do
+    run "formats-$fmt" "$CORPUS/$fmt"
+  done
+  python3 - "$OUT/results.jsonl" <<'PY' | tee "$OUT/formats.txt"
+import json, sys
+rows = {r["run"]: r for r in map(json.loads, open(sys.argv[1]))}
+base = rows.get("formats-none", {}).get("host_cpu_s", 0.0)
+for fmt in ["wav", "flac", "mp3", "opus_ogg", "m4a"]:
+    r = rows.get(f"formats-{fmt}")
+    if not r or not r["audio_s"]:
+        continue
+    cpu = r["host_cpu_s"] - base
+    print(f"{fmt}: {r['audio_s']:.0f} audio-s, host CPU {cpu:.1f} s beyond the fleet's start "
+          f"and stop ({base:.1f} s): {r['audio_s']/cpu:.0f} audio-s per core-second; "
+          f"decode stage {r['stages_s'].get('decode', 0):.1f} s, resample {r['stages_s'].get('resample', 0):.1f} s")
+PY
+fi
+
+if has sla; then
+  CLIPS=$(ls "$SEED"/ref16k/*.wav | paste -sd,)
+  RUST_LOG=warn timeout 590 "$BIN/sla_sweep" --engine cuda --model "$MODEL" --clips "$CLIPS" \
+    --gpus 0 --worker-binary "$BIN/worker" --runtime-dir /tmp/sla \
+    --layouts "${SLA_LAYOUTS:-single,timeslice4,mps2,mps4,mps8}" \
+    --concurrency "${SLA_CONCURRENCY:-1,4,16,32,64,100,128,160,192,256}" \
+    --rounds "${SLA_ROUNDS:-2}" --level-s "${SLA_LEVEL_S:-2.5}" --warmup-s 0.5 \
+    --out-csv "$OUT/sla.csv" > "$OUT/sla-summary.txt" 2> "$OUT/sla.log"
+  echo "sla sweep exit $?"; tail -8 "$OUT/sla.log"; cat "$OUT/sla-summary.txt"
+fi
+
+if [ -n "${TARBALL:-}" ]; then
+  tar czf "$TARBALL" -C "$(dirname "$OUT")" "$(basename "$OUT")"
+fi
