@@ -39,7 +39,9 @@ impl Sizing {
     ///    segment, so this many jobs keep every worker's batches full);
     /// 3. segments per call: the engine's own figure;
     /// 4. jobs in flight: the inference slots plus two per decode thread, so the next
-    ///    recordings are fetched and decoded while the engine works on the current ones;
+    ///    recordings are fetched and decoded while the engine works on the current ones, but
+    ///    no more ahead than twice the inference slots (a slow engine does not hold messages
+    ///    that another host could take);
     /// 5. receivers: one per 32 messages in flight, at least 2 and at most 8 (each receive
     ///    brings at most 10 messages).
     pub fn resolve(settings: &Settings, capacity: Capacity, cores: usize) -> Self {
@@ -52,7 +54,7 @@ impl Sizing {
             .unwrap_or(capacity.segments_per_call.max(1));
         let max_in_flight = settings
             .max_in_flight
-            .unwrap_or(inference_slots + 2 * decode_threads);
+            .unwrap_or(inference_slots + (2 * decode_threads).min(2 * inference_slots));
         let receivers = settings
             .receivers
             .unwrap_or(max_in_flight.div_ceil(32).clamp(2, 8));
@@ -263,7 +265,7 @@ mod tests {
         let in_process = Sizing::resolve(&defaults, Capacity::ONE_CALL_AT_A_TIME, 2);
         assert_eq!(
             (in_process.inference_slots, in_process.max_in_flight),
-            (1, 5)
+            (1, 3)
         );
         assert_eq!((in_process.segments_per_call, in_process.receivers), (8, 2));
     }

@@ -81,7 +81,7 @@ settings! {
         /// Concurrent long-polling receivers (default: one per 32 messages in flight, 2 to 8).
         receivers: usize;
         /// Messages held at once, being fetched, decoded, transcribed or written (default:
-        /// the inference slots plus two per decode thread).
+        /// the inference slots plus two per decode thread, at most three times the slots).
         max_in_flight: usize;
         /// Jobs running inference at once (default: what the engine takes at once: 1 for the
         /// in-process engine, every fleet worker's outstanding requests for a fleet).
