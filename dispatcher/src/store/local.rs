@@ -16,6 +16,8 @@ use crate::error::{DispatchError, ErrorClass, Result};
 use crate::job::ObjectRef;
 
 const LIST_PAGE_SIZE: usize = 1000;
+/// Hashes kept at most (a few MiB); far more than the jobs in flight.
+const ETAG_CACHE_MAX_ENTRIES: usize = 16_384;
 
 #[derive(Debug, Clone)]
 pub struct LocalStore {
@@ -61,6 +63,10 @@ impl EtagCache {
 
     fn put(&self, path: &Path, stamp: FileStamp, etag: &str) {
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        // Heads without a get (inputs whose result exists) are never forgotten: bound it.
+        if map.len() >= ETAG_CACHE_MAX_ENTRIES {
+            map.clear();
+        }
         map.insert(path.to_owned(), (stamp, etag.to_owned()));
     }
 
@@ -389,6 +395,32 @@ mod tests {
         );
         let escape = store.put_if_absent("bkt", "../x", Bytes::new(), "x").await;
         assert_eq!(escape.expect_err("escape").reason_code(), "unsafe_key");
+    }
+
+    #[tokio::test]
+    async fn a_remembered_hash_never_hides_a_change() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = LocalStore::open(dir.path()).expect("open");
+        let src = dir.path().join("in.wav");
+        std::fs::write(&src, b"0123456789").expect("write");
+        store.put_replace("inputs", "a.wav", &src).expect("submit");
+        let obj = ObjectRef::new("inputs", "a.wav");
+        let meta = store.head(&obj).await.expect("head").expect("exists");
+        assert_eq!(meta.etag, etag_of_bytes(b"0123456789"));
+        // Unchanged: the hash from `head` stands, and the bytes come back.
+        let got = store.get(&obj, 100, Some(&meta.etag)).await.expect("get");
+        assert_eq!(got, Bytes::from_static(b"0123456789"));
+        // Rewritten in place with the same length after `head`: the stamp changed, so `get`
+        // hashes what it read and refuses it.
+        let meta = store.head(&obj).await.expect("head").expect("exists");
+        let path = store.path_of("inputs", "a.wav").expect("path");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&path, b"9876543210").expect("rewrite");
+        let changed = store.get(&obj, 100, Some(&meta.etag)).await;
+        assert!(changed.expect_err("changed").is_transient());
+        // And `head` sees the new content, not the remembered hash.
+        let fresh = store.head(&obj).await.expect("head").expect("exists");
+        assert_eq!(fresh.etag, etag_of_bytes(b"9876543210"));
     }
 
     #[tokio::test]
