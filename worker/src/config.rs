@@ -17,6 +17,7 @@ use cuda_engine::{EncoderPrecision, FeatureLocation};
 #[derive(Debug, Parser)]
 #[command(
     name = "worker",
+    version,
     about = "One Parakeet (or Sortformer) model instance serving a Unix socket"
 )]
 pub struct Cli {

@@ -230,3 +230,18 @@ fn the_binary_runs_a_diarization_pool_beside_the_transcribers() -> Result<()> {
     let _ = reader.join();
     result
 }
+
+#[test]
+fn version_is_printed() {
+    let output = Command::new(env!("CARGO_BIN_EXE_fleet"))
+        .arg("--version")
+        .output()
+        .expect("spawn fleet");
+    assert!(output.status.success());
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        text.trim(),
+        format!("fleet {}", env!("CARGO_PKG_VERSION")),
+        "{text}"
+    );
+}

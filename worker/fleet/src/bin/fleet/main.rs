@@ -36,6 +36,7 @@ impl WorkerEngine {
 #[derive(Debug, Parser)]
 #[command(
     name = "fleet",
+    version,
     about = "Supervise Parakeet worker processes: per-GPU groups under CUDA MPS, or CPU workers"
 )]
 struct Args {
