@@ -138,8 +138,9 @@ impl FleetOptions {
                         tracing::info!(gpu, instances = layout.instances, why = %layout.reason,
                             "workers per GPU chosen (--instances-per-gpu overrides)");
                     }
-                    // One worker has nothing to share the GPU with: MPS only adds a daemon,
-                    // unless it was asked for explicitly with a thread percentage.
+                    // A worker the layout rule leaves alone on its GPU has nothing to share it
+                    // with, so no MPS daemon; an explicit --instances-per-gpu or thread
+                    // percentage gets MPS as before.
                     let alone = group.instances == 1 && self.mps_thread_percentage.is_none();
                     let mps_wanted = !self.no_mps && (!alone || !chosen_by_us);
                     group.mps = mps_wanted.then(|| mps.clone());
