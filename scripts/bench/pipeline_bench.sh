@@ -19,12 +19,12 @@
 #   default  `dispatcher local --engine fleet --gpus 0` and nothing else (the defaults)
 #   before   the settings the main job had before sizing (4 workers, 4 jobs in flight, one in
 #            inference, 8 segments per call, spinning GPU waits), for comparison
-#   single   --instances-per-gpu 1 (one worker, no MPS)
+#   single   --instances-per-gpu 1 (one worker, MPS at 100 %)
 #   spin     the defaults with spinning GPU waits (--worker-arg=--cuda-sync=spin)
-#   layouts  the whole mix with one worker (--instances-per-gpu 1) and with 4 under MPS
-#            (--instances-per-gpu 4), beside the default
 #            (before, single and spin run on 30 % of the mix, beside the defaults on the same
 #            part, as run default-quarter when default is a step)
+#   layouts  the whole mix with one worker (--instances-per-gpu 1) and with 4 under MPS
+#            (--instances-per-gpu 4), beside the default
 #   formats  host CPU per format: one run per format's recordings (and one with none, whose
 #            CPU, the fleet's start and stop, is subtracted)
 #   sla      the seed article's SLA sweep (worker/fleet/examples/sla_sweep.rs) on the 5/15/30/
@@ -32,8 +32,8 @@
 #            loop at SLA_CONCURRENCY, SLA_ROUNDS rounds of SLA_LEVEL_S s; writes sla.csv (plot it
 #            on the developer machine with the sla_plot example)
 # Every run's host CPU is the user + system time of the dispatcher and everything it waited for
-# (its workers); its wall and audio-s/s come from the dispatcher's closing table, which starts
-# timing once the fleet is ready (the fleet's start excluded).
+# (its workers); its wall and audio-s/s come from the dispatcher's closing table, which times
+# from the fleet being ready (its start excluded) to the last job's end.
 set -uo pipefail
 OUT=${OUT:-/tmp/pipeline}
 BIN=${BIN:-/tmp/pipeline-bin}
