@@ -7,8 +7,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use model_core::speakers::SpeakerSegment;
 use models::sortformer::SortformerModel;
-use models::speakers::SpeakerSegment;
 
 use crate::error::{DispatchError, Result};
 

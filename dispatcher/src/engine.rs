@@ -9,8 +9,8 @@ use sha2::{Digest, Sha256};
 use crate::error::{DispatchError, Result};
 use crate::outputs::safe_segment;
 use crate::transcriber::Transcriber;
-use models::timestamps::Timestamper;
-use models::transcript::Transcript;
+use model_core::timestamps::Timestamper;
+use model_core::transcript::Transcript;
 use models::ParakeetModel;
 
 /// `<file stem>-<first 12 hex digits of the file's SHA-256>`: fine-tuned weights under the

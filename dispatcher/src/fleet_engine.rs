@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use models::speakers::SpeakerSegment;
-use models::transcript::Transcript;
+use model_core::speakers::SpeakerSegment;
+use model_core::transcript::Transcript;
 use worker_fleet::{Fleet, FleetError, FleetOptions, FleetTranscriber, WireErrorKind};
 
 use crate::config::Settings;

@@ -10,7 +10,7 @@ use crate::error::{DispatchError, Result};
 pub const JOB_SCHEMA_VERSION: u64 = 1;
 
 /// Output formats a job can ask for: the renderers' own enum, so names cannot drift.
-pub use models::render::OutputFormat;
+pub use model_core::render::OutputFormat;
 
 /// Object name of `format` inside a result prefix.
 pub fn result_file_name(format: OutputFormat) -> &'static str {

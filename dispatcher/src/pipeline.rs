@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use models::render::RenderOptions;
-use models::speakers::{attribute_speakers, AttributionOptions, SpeakerSegment};
+use model_core::render::RenderOptions;
+use model_core::speakers::{attribute_speakers, AttributionOptions, SpeakerSegment};
 use tokio::sync::Semaphore;
 
 use crate::decode::{self, AudioSettings, Decoded};

@@ -1,7 +1,7 @@
 //! Transcript to each output format's document (the models crate's renderers).
 
-use models::render::RenderOptions;
-use models::transcript::Transcript;
+use model_core::render::RenderOptions;
+use model_core::transcript::Transcript;
 
 use crate::error::Result;
 use crate::job::OutputFormat;
@@ -16,5 +16,5 @@ pub fn render_with(
     transcript: &Transcript,
     options: &RenderOptions,
 ) -> Result<String> {
-    Ok(models::render::render(transcript, format, options))
+    Ok(model_core::render::render(transcript, format, options))
 }

@@ -2,7 +2,7 @@
 //! one transcript per segment back. Implementations are synchronous and run on a blocking
 //! thread; the in-process CPU engine is the first one, GPU worker processes come later.
 
-use models::transcript::{Segment, TimedToken, Transcript, Word};
+use model_core::transcript::{Segment, TimedToken, Transcript, Word};
 
 use crate::error::Result;
 

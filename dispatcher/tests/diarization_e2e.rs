@@ -21,7 +21,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-/// The attribution rule's gap (models::speakers::AttributionOptions::default()).
+/// The attribution rule's gap (model_core::speakers::AttributionOptions::default()).
 const MAX_GAP_S: f64 = 0.5;
 /// Documents round times (and RTTM durations) to the millisecond; overlaps recomputed from
 /// them may be a few milliseconds off.

@@ -64,10 +64,6 @@ pub enum ModelError {
     #[error("{file}: bad vocabulary: {problem}")]
     Vocabulary { file: PathBuf, problem: String },
 
-    /// An output format name that `render::OutputFormat` does not know.
-    #[error("unknown output format `{0}` (expected json, verbose_json, text, srt, vtt or rttm)")]
-    UnknownOutputFormat(String),
-
     /// The ONNX Runtime shared library could not be found or loaded.
     #[error(
         "ONNX Runtime unavailable: {problem}; install it with `pip install onnxruntime` and set \
@@ -86,6 +82,10 @@ pub enum ModelError {
     /// An ONNX model that cannot be loaded or run, or whose inputs/outputs are not as expected.
     #[error("{file}: {problem}")]
     Onnx { file: PathBuf, problem: String },
+
+    /// A rule of the shared decoding loop or timestamps broken by an engine's output.
+    #[error(transparent)]
+    Core(#[from] model_core::CoreError),
 
     #[error("{file}: {source}")]
     Io {

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use rustfft::num_complex::Complex32;
 use rustfft::{Fft, FftPlanner};
 
-use crate::config::{FeatureConfig, FeatureNormalization, StftPadding};
 use crate::error::ModelError;
 use crate::linalg::matmul;
 use crate::tensor::Tensor;
+use model_core::config::{FeatureConfig, FeatureNormalization, StftPadding};
 
 /// Added to the per-feature standard deviation (NeMo's `CONSTANT`).
 const NORMALIZE_STD_EPS: f32 = 1e-5;

@@ -1,9 +1,9 @@
-//! Parakeet TDT (and Sortformer) independent of serving: checkpoints, features, the CPU f32
-//! reference model, TDT decoding, timestamps and output renderers. No async, no cloud.
+//! Parakeet TDT (and Sortformer) engines independent of serving: checkpoints, features, the CPU
+//! f32 reference model and the ONNX engine. The light types they share with the rest of the
+//! workspace (config, transcripts, the TDT loop, timestamps, renderers) are in `model_core`.
+//! No async, no cloud.
 
 pub mod checkpoint;
-pub mod config;
-pub mod detokenize;
 mod encoder;
 pub mod error;
 pub mod features;
@@ -11,14 +11,11 @@ mod linalg;
 pub mod model;
 pub mod onnx;
 pub mod prediction;
-pub mod render;
 pub mod sortformer;
-pub mod speakers;
-pub mod tdt;
 pub mod tensor;
-pub mod timestamps;
-pub mod transcript;
 
 pub use error::ModelError;
+// Interim: worker/cuda still names these through `models`.
 pub use features::{FeatureExtractor, Features};
 pub use model::ParakeetModel;
+pub use model_core::{config, detokenize, render, speakers, tdt, timestamps, transcript};

@@ -4,13 +4,13 @@
 use std::path::Path;
 
 use crate::checkpoint::Checkpoint;
-use crate::config::ParakeetConfig;
 use crate::encoder::Encoder;
 use crate::error::ModelError;
 use crate::features::{FeatureExtractor, Features};
 use crate::prediction::{CpuTransducer, Joint, PredictionNet};
-use crate::tdt::{greedy_decode, EncodedUtterance};
-use crate::transcript::Hypothesis;
+use model_core::config::ParakeetConfig;
+use model_core::tdt::{greedy_decode, EncodedUtterance};
+use model_core::transcript::Hypothesis;
 
 /// Parakeet TDT on the CPU in f32. Immutable after loading, so one instance can serve many
 /// threads (`Send + Sync`).

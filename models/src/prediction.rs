@@ -4,10 +4,10 @@
 //! row's result never depends on the batch around it.
 
 use crate::checkpoint::TensorMap;
-use crate::config::{DecoderConfig, EncoderConfig};
 use crate::error::ModelError;
 use crate::linalg::{relu_in_place, sigmoid, Bias, Linear};
-use crate::tdt::TransducerNet;
+use model_core::config::{DecoderConfig, EncoderConfig};
+use model_core::tdt::TransducerNet;
 
 /// One LSTM layer: `gates = W_ih x + b_ih + W_hh h + b_hh`, gate order i, f, g, o.
 #[derive(Debug, Clone)]
@@ -107,7 +107,7 @@ pub struct LstmState {
     c: Vec<f32>,
 }
 
-/// The CPU prediction + joint networks for [`crate::tdt::greedy_decode`]; borrows the weights,
+/// The CPU prediction + joint networks for [`model_core::tdt::greedy_decode`]; borrows the weights,
 /// keeps no decoding state of its own.
 #[derive(Debug, Clone, Copy)]
 pub struct CpuTransducer<'a> {
@@ -123,6 +123,7 @@ impl<'a> CpuTransducer<'a> {
 
 impl TransducerNet for CpuTransducer<'_> {
     type State = LstmState;
+    type Error = ModelError;
 
     fn initial_state(&mut self, batch: usize) -> Result<LstmState, ModelError> {
         let n = self.prediction.layers.len() * batch * self.prediction.hidden;

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
-use models::tdt::EncodedUtterance;
+use model_core::tdt::EncodedUtterance;
 use models::ParakeetModel;
 
 fn fixtures() -> PathBuf {

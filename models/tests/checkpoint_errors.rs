@@ -705,7 +705,7 @@ fn random_corruption_never_panics() -> Result<()> {
 
 #[test]
 fn stft_padding_follows_the_recorded_nemo_version() -> Result<()> {
-    use models::config::StftPadding;
+    use model_core::config::StftPadding;
     let cases = [
         ("nemo_version: 2.4.1\n", StftPadding::Reflect),
         ("nemo_version: 1.23.0\n", StftPadding::Reflect),

@@ -6,8 +6,8 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use model_core::config::{AttentionModel, FeatureNormalization, StftPadding};
 use models::checkpoint::{Checkpoint, LoadOptions};
-use models::config::{AttentionModel, FeatureNormalization, StftPadding};
 use serde_json::Value;
 
 /// The NeMo-built fixtures (see `tests/fixtures/README.md`): the real model's options, and

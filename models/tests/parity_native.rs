@@ -13,10 +13,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, ensure, Context, Result};
+use model_core::config::{FeatureConfig, StftPadding};
+use model_core::detokenize::Detokenizer;
+use model_core::tdt::EncodedUtterance;
 use models::checkpoint::{Checkpoint, LoadOptions};
-use models::config::{FeatureConfig, StftPadding};
-use models::detokenize::Detokenizer;
-use models::tdt::EncodedUtterance;
 use models::Features;
 use models::ParakeetModel;
 use serde_json::Value;

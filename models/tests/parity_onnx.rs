@@ -10,13 +10,13 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, ensure, Context, Result};
-use models::config::StftPadding;
-use models::detokenize::Detokenizer;
+use model_core::config::StftPadding;
+use model_core::detokenize::Detokenizer;
+use model_core::tdt::EncodedUtterance;
+use model_core::transcript::Hypothesis;
 use models::onnx::{
     find_dylib, ExecutionProvider, LayoutKind, OnnxModel, OnnxOptions, ORT_DYLIB_PATH,
 };
-use models::tdt::EncodedUtterance;
-use models::transcript::Hypothesis;
 use models::{Features, ModelError};
 use serde_json::Value;
 

@@ -9,9 +9,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{ensure, Context, Result};
+use model_core::timestamps::{FrameTiming, TimestampOptions, Timestamper};
+use model_core::transcript::{DecodedToken, Hypothesis};
 use models::checkpoint::Checkpoint;
-use models::timestamps::{FrameTiming, TimestampOptions, Timestamper};
-use models::transcript::{DecodedToken, Hypothesis};
 use serde::Deserialize;
 
 #[derive(Deserialize)]

@@ -251,7 +251,7 @@ mod tests {
 
     use std::time::Duration;
 
-    use models::transcript::Hypothesis;
+    use model_core::transcript::Hypothesis;
 
     use super::*;
     use crate::batch_policy::BatchPolicyConfig;

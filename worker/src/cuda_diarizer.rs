@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use cuda_engine::{DeviceProbe, EncoderPrecision, GpuSortformer};
-use models::speakers::SpeakerSegment;
+use model_core::speakers::SpeakerSegment;
 use worker_protocol::{DeviceReport, ModelInfo};
 
 use crate::cuda_engine::device_report;

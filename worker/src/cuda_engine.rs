@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use cuda_engine::{
     DeviceProbe, EncoderPrecision, FeatureLocation, GpuParakeet, WeightShare, WeightSharing,
 };
-use models::transcript::Hypothesis;
+use model_core::transcript::Hypothesis;
 use worker_protocol::{DeviceReport, ModelInfo, MpsReport};
 
 use crate::engine::{model_info, one_per_clip, Engine, EngineKind};

@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
+use model_core::speakers::SpeakerSegment;
 use models::sortformer::{SortformerConfig, SortformerModel};
-use models::speakers::SpeakerSegment;
 use worker_protocol::{DeviceReport, ModelInfo};
 
 use crate::cuda_diarizer::{CudaDiarSettings, CudaDiarizer};

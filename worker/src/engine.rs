@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use clap::ValueEnum;
-use models::config::ParakeetConfig;
-use models::transcript::Hypothesis;
+use model_core::config::ParakeetConfig;
+use model_core::transcript::Hypothesis;
 use models::ParakeetModel;
 use worker_protocol::{DeviceReport, ModelInfo};
 

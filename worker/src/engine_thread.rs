@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use models::speakers::SpeakerSegment;
-use models::transcript::Hypothesis;
+use model_core::speakers::SpeakerSegment;
+use model_core::transcript::Hypothesis;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::diar_engine::DiarizationEngine;

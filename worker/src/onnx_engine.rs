@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use clap::ValueEnum;
+use model_core::transcript::Hypothesis;
 use models::onnx::{ExecutionProvider, OnnxModel, OnnxOptions};
-use models::transcript::Hypothesis;
 use worker_protocol::ModelInfo;
 
 use crate::engine::{one_per_clip, Engine};

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Result};
 use common::{clips, model_path, reference, wait_until, worker_binary};
-use models::timestamps::Timestamper;
+use model_core::timestamps::Timestamper;
 use rustix::process::{kill_process, Pid, Signal};
 use worker_fleet::{Fleet, FleetConfig, FleetTranscriber, RestartCause};
 

@@ -21,11 +21,11 @@ use anyhow::{anyhow, bail, Context};
 use clap::ValueEnum;
 use dispatcher::diarizer::Diarizer;
 use dispatcher::transcriber::{stitch, Piece};
+use model_core::render::{render, OutputFormat, RenderOptions};
+use model_core::speakers::{attribute_speakers, AttributionOptions, SpeakerSegment};
+use model_core::timestamps::{FrameTiming, TimestampOptions, Timestamper};
+use model_core::transcript::Transcript;
 use models::onnx::{OnnxModel, OnnxOptions};
-use models::render::{render, OutputFormat, RenderOptions};
-use models::speakers::{attribute_speakers, AttributionOptions, SpeakerSegment};
-use models::timestamps::{FrameTiming, TimestampOptions, Timestamper};
-use models::transcript::Transcript;
 use models::ParakeetModel;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -130,7 +130,7 @@ impl Engine {
     fn transcribe_batch(
         &mut self,
         pcm: &[&[f32]],
-    ) -> anyhow::Result<Vec<models::transcript::Hypothesis>> {
+    ) -> anyhow::Result<Vec<model_core::transcript::Hypothesis>> {
         Ok(match self {
             Engine::Native(m) => m.transcribe_batch(pcm)?,
             Engine::Onnx(m) => m.transcribe_batch(pcm)?,

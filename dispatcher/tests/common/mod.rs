@@ -12,7 +12,7 @@ use dispatcher::app::{self, MetricsRuntime};
 use dispatcher::config::{Settings, SettingsArgs};
 use dispatcher::lifecycle::RunSummary;
 use dispatcher::transcriber::Transcriber;
-use models::transcript::Transcript;
+use model_core::transcript::Transcript;
 use tokio_util::sync::CancellationToken;
 
 pub use backend::Backend;

@@ -16,9 +16,9 @@ mod yaml_config;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use crate::config::{ParakeetConfig, StftPadding};
 use crate::error::ModelError;
 use crate::tensor::Tensor;
+use model_core::config::{ParakeetConfig, StftPadding};
 
 /// Named f32 tensors from a state dict (f16/bf16 storages are widened at load).
 #[derive(Debug, Clone, Default)]

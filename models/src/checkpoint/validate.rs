@@ -3,8 +3,8 @@
 //! checkpoint fails at load time with the tensor's name instead of deep inside inference.
 
 use super::TensorMap;
-use crate::config::ParakeetConfig;
 use crate::error::ModelError;
+use model_core::config::ParakeetConfig;
 
 /// Settles `encoder.use_bias` from the tensors, then checks every expected tensor.
 pub(crate) fn check(config: &mut ParakeetConfig, tensors: &TensorMap) -> Result<(), ModelError> {

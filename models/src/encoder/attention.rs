@@ -12,9 +12,9 @@
 //!   always has the query's own key), so they are skipped here.
 
 use crate::checkpoint::TensorMap;
-use crate::config::{AttentionModel, EncoderConfig};
 use crate::error::ModelError;
 use crate::linalg::{matmul, matmul_bt, softmax_in_place, Bias, Linear};
+use model_core::config::{AttentionModel, EncoderConfig};
 
 /// Queries handled per score block: bounds the score memory at `QUERY_BLOCK × T` per head.
 const QUERY_BLOCK: usize = 256;

@@ -2,9 +2,9 @@
 //! `x += ½·FF1(LN x); x += MHSA(LN x); x += Conv(LN x); x += ½·FF2(LN x); x = LN(x)`.
 
 use crate::checkpoint::TensorMap;
-use crate::config::EncoderConfig;
 use crate::error::ModelError;
 use crate::linalg::{add_scaled, load_vector, sigmoid, silu_in_place, Bias, LayerNorm, Linear};
+use model_core::config::EncoderConfig;
 
 use super::attention::RelPosAttention;
 

@@ -3,14 +3,14 @@
 
 mod attention;
 mod conformer;
-mod pos_encoding;
 mod subsampling;
 
 use crate::checkpoint::TensorMap;
-use crate::config::{AttentionModel, EncoderConfig};
 use crate::error::ModelError;
 use crate::features::Features;
-use crate::tdt::EncodedUtterance;
+use model_core::config::{AttentionModel, EncoderConfig};
+use model_core::encoder::position_table;
+use model_core::tdt::EncodedUtterance;
 
 use conformer::ConformerLayer;
 use subsampling::Subsampling;
@@ -39,7 +39,7 @@ impl Encoder {
                         problem: "local attention needs a context larger than 0".into(),
                     });
                 }
-                Some(pos_encoding::local_table(left, right, cfg.d_model))
+                Some(position_table(cfg.attention, 0, cfg.d_model))
             }
         };
         Ok(Self {
@@ -101,7 +101,7 @@ impl Encoder {
         let pos_emb: &[f32] = match &self.local_pos_emb {
             Some(table) => table,
             None => {
-                relative = pos_encoding::relative_table(t, d);
+                relative = position_table(AttentionModel::RelPos, t, d);
                 &relative
             }
         };

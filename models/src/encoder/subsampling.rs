@@ -4,23 +4,15 @@
 //! `out` Linear. Only valid frames come in, so NeMo's length masking is a no-op here.
 
 use crate::checkpoint::TensorMap;
-use crate::config::EncoderConfig;
 use crate::error::ModelError;
 use crate::linalg::{load_vector, matmul, relu_in_place, Bias, Linear};
+use model_core::config::EncoderConfig;
+use model_core::encoder::{stride2_out_len, subsampled_len};
 
 const KERNEL: usize = 3;
 const TAPS: usize = KERNEL * KERNEL;
 /// Output frames computed per chunk (bounds memory on long inputs).
 const OUTPUT_FRAMES_PER_CHUNK: usize = 128;
-
-/// Output length of one `kernel 3, stride 2, padding 1` convolution.
-pub(crate) fn conv_out_len(n: usize) -> usize {
-    if n == 0 {
-        0
-    } else {
-        (n - 1) / 2 + 1
-    }
-}
 
 /// A `[channels, rows, cols]` activation.
 struct Planes {
@@ -77,7 +69,7 @@ impl Subsampling {
         }
         let mut freq = cfg.feat_in;
         for _ in 0..n_stages {
-            freq = conv_out_len(freq);
+            freq = stride2_out_len(freq);
         }
         let out = Linear::load(
             tensors,
@@ -104,10 +96,7 @@ impl Subsampling {
     /// which covers every row those outputs depend on, so chunking changes no value.
     pub(crate) fn forward(&self, features: &[f32], n_mels: usize, t: usize) -> (Vec<f32>, usize) {
         let factor = 1usize << (self.stages.len() + 1);
-        let mut out_len = t;
-        for _ in 0..=self.stages.len() {
-            out_len = conv_out_len(out_len);
-        }
+        let out_len = subsampled_len(t, self.stages.len() + 1);
         let mut out = Vec::with_capacity(out_len * self.out.out_dim);
         let mut a = 0;
         while a < out_len {
@@ -183,7 +172,7 @@ impl Subsampling {
 
     /// The first convolution as im2col + sgemm.
     fn first_conv(&self, image: &[f32], rows: usize, cols: usize) -> Planes {
-        let (out_rows, out_cols) = (conv_out_len(rows), conv_out_len(cols));
+        let (out_rows, out_cols) = (stride2_out_len(rows), stride2_out_len(cols));
         let positions = out_rows * out_cols;
         let mut patches = vec![0.0; TAPS * positions];
         for ki in 0..KERNEL {
@@ -226,7 +215,7 @@ impl Subsampling {
 
 /// Depthwise `3×3, stride 2, padding 1` convolution of every channel.
 fn depthwise_conv(x: &Planes, weight: &[f32], bias: &[f32]) -> Planes {
-    let (out_rows, out_cols) = (conv_out_len(x.rows), conv_out_len(x.cols));
+    let (out_rows, out_cols) = (stride2_out_len(x.rows), stride2_out_len(x.cols));
     let mut data = vec![0.0; x.channels * out_rows * out_cols];
     for ch in 0..x.channels {
         let src = &x.data[ch * x.rows * x.cols..(ch + 1) * x.rows * x.cols];
@@ -254,19 +243,5 @@ fn depthwise_conv(x: &Planes, weight: &[f32], bias: &[f32]) -> Planes {
         rows: out_rows,
         cols: out_cols,
         data,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::conv_out_len;
-
-    #[test]
-    fn three_stages_give_ceil_of_an_eighth() {
-        for n in 1..200 {
-            let out = conv_out_len(conv_out_len(conv_out_len(n)));
-            assert_eq!(out, n.div_ceil(8), "n = {n}");
-        }
-        assert_eq!(conv_out_len(0), 0);
     }
 }

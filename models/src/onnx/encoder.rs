@@ -5,7 +5,7 @@
 use super::session::{Elem, Input, OnnxSession};
 use crate::error::ModelError;
 use crate::features::Features;
-use crate::tdt::EncodedUtterance;
+use model_core::tdt::EncodedUtterance;
 
 #[derive(Debug)]
 pub(crate) struct OnnxEncoder {

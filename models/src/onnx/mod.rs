@@ -2,7 +2,7 @@
 //! `ort`, loaded at run time from `ORT_DYLIB_PATH` (never downloaded at build time).
 //!
 //! The encoder runs as one batched graph; the prediction and joint networks are wrapped in a
-//! [`crate::tdt::TransducerNet`] so decoding follows exactly the native engine's rules.
+//! [`model_core::tdt::TransducerNet`] so decoding follows exactly the native engine's rules.
 //!
 //! ```no_run
 //! # fn main() -> Result<(), models::ModelError> {

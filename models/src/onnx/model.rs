@@ -14,11 +14,11 @@ use super::state::StateShape;
 use super::transducer::OnnxTransducer;
 use super::vocab::read_vocabulary;
 use crate::checkpoint::{Checkpoint, LoadOptions};
-use crate::config::{DecoderConfig, FeatureConfig};
 use crate::error::ModelError;
 use crate::features::{FeatureExtractor, Features};
-use crate::tdt::{greedy_decode, EncodedUtterance, TransducerNet};
-use crate::transcript::Hypothesis;
+use model_core::config::{DecoderConfig, FeatureConfig};
+use model_core::tdt::{greedy_decode, EncodedUtterance, TransducerNet};
+use model_core::transcript::Hypothesis;
 
 const FILTERBANK: &str = "preprocessor.featurizer.fb";
 const WINDOW: &str = "preprocessor.featurizer.window";

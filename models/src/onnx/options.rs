@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{FeatureConfig, StftPadding};
+use model_core::config::{FeatureConfig, StftPadding};
 
 /// Where ONNX Runtime runs the graphs. GPU providers fail hard when they cannot be registered
 /// (missing CUDA libraries, CPU-only wheel): a silent CPU fallback would hide a broken deployment.

@@ -5,8 +5,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::config::{FeatureConfig, FeatureNormalization, StftPadding};
 use crate::error::ModelError;
+use model_core::config::{FeatureConfig, FeatureNormalization, StftPadding};
 
 /// NeMo's `max_symbols` default for greedy TDT decoding.
 pub(crate) const DEFAULT_MAX_SYMBOLS: usize = 10;

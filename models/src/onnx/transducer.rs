@@ -1,5 +1,5 @@
 //! [`TransducerNet`] over ONNX graphs, so ONNX exports decode with exactly the same TDT rules
-//! as the native engine ([`crate::tdt::greedy_decode`]).
+//! as the native engine ([`model_core::tdt::greedy_decode`]).
 //!
 //! Two shapes of export:
 //! - **decoder_joint** (NeMo, onnx-asr): one graph `(encoder frame, last label, states) ->
@@ -18,7 +18,7 @@ use std::ops::Range;
 use super::session::{Elem, Input, IoSpec, OnnxSession, Output};
 use super::state::{LstmState, StateShape};
 use crate::error::ModelError;
-use crate::tdt::TransducerNet;
+use model_core::tdt::TransducerNet;
 
 /// Where each role sits in a graph's input list.
 #[derive(Debug, Clone)]
@@ -413,6 +413,7 @@ impl DecoderJoint {
 
 impl TransducerNet for OnnxTransducer {
     type State = LstmState;
+    type Error = ModelError;
 
     fn initial_state(&mut self, batch: usize) -> Result<LstmState, ModelError> {
         Ok(LstmState::zeros(&self.state_shapes, batch))

@@ -27,11 +27,11 @@ pub use postprocess::PostProcessing;
 pub use streaming::StreamingState;
 
 use crate::checkpoint::TensorMap;
-use crate::config::FeatureNormalization;
 use crate::encoder::Encoder;
 use crate::error::ModelError;
 use crate::features::{FeatureExtractor, Features};
-use crate::speakers::SpeakerSegment;
+use model_core::config::FeatureNormalization;
+use model_core::speakers::SpeakerSegment;
 use transformer::SpeakerHead;
 
 /// A loaded Sortformer `.nemo`: resolved config and named tensors.

@@ -17,7 +17,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::torch_order::sort_indices;
-use crate::speakers::SpeakerSegment;
+use model_core::speakers::SpeakerSegment;
 
 /// Post-processing parameters (NeMo `PostProcessingParams`). The defaults are NeMo's DIHARD3
 /// dev values for Streaming Sortformer 4spk v2

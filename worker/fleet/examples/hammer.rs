@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use models::speakers::SpeakerSegment;
-use models::transcript::Hypothesis;
+use model_core::speakers::SpeakerSegment;
+use model_core::transcript::Hypothesis;
 use worker_fleet::{Fleet, FleetOptions, RestartCause};
 
 #[derive(Debug, Parser)]

@@ -34,7 +34,7 @@ pub enum FleetError {
     #[error("the fleet is shutting down")]
     ShuttingDown,
     #[error("timestamps: {0}")]
-    Timestamps(#[from] models::ModelError),
+    Timestamps(#[from] model_core::CoreError),
     /// `worker probe` could not open this GPU (host ordinal), so no worker could either.
     #[error("GPU {gpu} cannot be used: {detail} (check `nvidia-smi` and the CUDA driver, or run CPU workers with --cpu-instances)")]
     GpuProbe { gpu: u32, detail: String },

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use models::timestamps::{FrameTiming, TimestampOptions, Timestamper};
-use models::transcript::Transcript;
+use model_core::timestamps::{FrameTiming, TimestampOptions, Timestamper};
+use model_core::transcript::Transcript;
 
 use crate::error::FleetError;
 use crate::fleet::Fleet;

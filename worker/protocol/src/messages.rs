@@ -1,8 +1,8 @@
 //! Every message on the wire. Adding a variant or field changes the encoding: bump
 //! [`PROTOCOL_VERSION`] with it (postcard is not self-describing, so there is no silent skew).
 
-use models::speakers::SpeakerSegment;
-use models::transcript::Hypothesis;
+use model_core::speakers::SpeakerSegment;
+use model_core::transcript::Hypothesis;
 use serde::{Deserialize, Serialize};
 
 /// Version 1: PCM requests, hypotheses with optional confidences, health pings.
@@ -147,7 +147,7 @@ pub struct MpsReport {
 }
 
 /// What a client needs to turn hypotheses into timed text without loading the weights
-/// (the fields of `models::timestamps::FrameTiming`, plus the vocabulary). A diarization
+/// (the fields of `model_core::timestamps::FrameTiming`, plus the vocabulary). A diarization
 /// worker sends its model's path, feature hop and subsampling with an empty vocabulary.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelInfo {

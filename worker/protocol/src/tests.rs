@@ -2,8 +2,8 @@
 
 use std::io::Cursor;
 
-use models::speakers::SpeakerSegment;
-use models::transcript::{DecodedToken, Hypothesis};
+use model_core::speakers::SpeakerSegment;
+use model_core::transcript::{DecodedToken, Hypothesis};
 
 use crate::*;
 

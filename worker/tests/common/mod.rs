@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use models::transcript::Hypothesis;
+use model_core::transcript::Hypothesis;
 use models::ParakeetModel;
 use worker_protocol::{read_frame, write_frame, ClientMessage, WorkerMessage, PROTOCOL_VERSION};
 

@@ -16,16 +16,18 @@
 //! exactly its single-clip result.
 
 use crate::config::DecoderConfig;
-use crate::error::ModelError;
+use crate::error::CoreError;
 use crate::transcript::{DecodedToken, Hypothesis};
 
 /// The prediction and joint networks of a transducer, batched over rows.
 pub trait TransducerNet {
     /// Prediction-network state for a whole batch (LSTM h/c, ...).
     type State;
+    /// The engine's error; the loop's own rule violations arrive as [`CoreError`].
+    type Error: From<CoreError>;
 
     /// Zero state for `batch` rows.
-    fn initial_state(&mut self, batch: usize) -> Result<Self::State, ModelError>;
+    fn initial_state(&mut self, batch: usize) -> Result<Self::State, Self::Error>;
 
     /// Feed `labels[b]` (blank = start of sequence) to the prediction network of every row.
     /// Returns the prediction output, row-major `[batch, pred_dim]`, and the next state.
@@ -33,7 +35,7 @@ pub trait TransducerNet {
         &mut self,
         labels: &[u32],
         state: &Self::State,
-    ) -> Result<(Vec<f32>, Self::State), ModelError>;
+    ) -> Result<(Vec<f32>, Self::State), Self::Error>;
 
     /// Keep `next`'s state only for rows where `keep_next[b]`; others take `prev`'s.
     fn select_state(
@@ -41,12 +43,12 @@ pub trait TransducerNet {
         keep_next: &[bool],
         prev: Self::State,
         next: Self::State,
-    ) -> Result<Self::State, ModelError>;
+    ) -> Result<Self::State, Self::Error>;
 
     /// Joint logits for each row: `enc_frames` is `[batch, enc_dim]` (the encoder frame each
     /// row is looking at), `pred` is `[batch, pred_dim]`. Returns `[batch, vocab + 1 + n_durations]`
     /// with blank at index `vocab`, durations last.
-    fn joint(&mut self, enc_frames: &[f32], pred: &[f32]) -> Result<Vec<f32>, ModelError>;
+    fn joint(&mut self, enc_frames: &[f32], pred: &[f32]) -> Result<Vec<f32>, Self::Error>;
 }
 
 /// Encoder output of one utterance, `[frames, dim]` row-major.
@@ -100,7 +102,7 @@ pub fn greedy_decode<N: TransducerNet>(
     net: &mut N,
     cfg: &DecoderConfig,
     utterances: &[EncodedUtterance],
-) -> Result<Vec<Hypothesis>, ModelError> {
+) -> Result<Vec<Hypothesis>, N::Error> {
     let batch = utterances.len();
     if batch == 0 {
         return Ok(Vec::new());
@@ -110,10 +112,10 @@ pub fn greedy_decode<N: TransducerNet>(
         .iter()
         .find(|u| u.dim != dim || u.data.len() != u.frames * u.dim)
     {
-        return Err(ModelError::Decode(format!(
+        return Err(N::Error::from(CoreError::Decode(format!(
             "encoder output of {} frames x {} does not match the batch's dimension {dim}",
             u.frames, u.dim
-        )));
+        ))));
     }
     let blank = cfg.blank_id();
     let n_classes = blank + 1;
@@ -146,7 +148,7 @@ pub fn greedy_decode<N: TransducerNet>(
                     rows: &[Row],
                     pred: &[f32],
                     enc_frames: &mut Vec<f32>|
-     -> Result<Vec<f32>, ModelError> {
+     -> Result<Vec<f32>, N::Error> {
         for (b, row) in rows.iter().enumerate() {
             let dst = &mut enc_frames[b * dim..(b + 1) * dim];
             if row.frames == 0 {
@@ -157,10 +159,10 @@ pub fn greedy_decode<N: TransducerNet>(
         }
         let logits = net.joint(enc_frames, pred)?;
         if logits.len() != batch * n_out {
-            return Err(ModelError::Decode(format!(
+            return Err(N::Error::from(CoreError::Decode(format!(
                 "joint returned {} values, expected {batch} x {n_out}",
                 logits.len()
-            )));
+            ))));
         }
         Ok(logits)
     };
@@ -268,8 +270,9 @@ mod tests {
 
     impl TransducerNet for ToyNet {
         type State = Vec<f32>;
+        type Error = CoreError;
 
-        fn initial_state(&mut self, batch: usize) -> Result<Self::State, ModelError> {
+        fn initial_state(&mut self, batch: usize) -> Result<Self::State, CoreError> {
             Ok(vec![0.0; batch])
         }
 
@@ -277,7 +280,7 @@ mod tests {
             &mut self,
             labels: &[u32],
             state: &Self::State,
-        ) -> Result<(Vec<f32>, Self::State), ModelError> {
+        ) -> Result<(Vec<f32>, Self::State), CoreError> {
             let next: Vec<f32> = state.iter().map(|s| s + 1.0).collect();
             let out = labels
                 .iter()
@@ -292,7 +295,7 @@ mod tests {
             keep_next: &[bool],
             prev: Self::State,
             next: Self::State,
-        ) -> Result<Self::State, ModelError> {
+        ) -> Result<Self::State, CoreError> {
             Ok(keep_next
                 .iter()
                 .zip(prev.iter().zip(&next))
@@ -300,7 +303,7 @@ mod tests {
                 .collect())
         }
 
-        fn joint(&mut self, enc: &[f32], pred: &[f32]) -> Result<Vec<f32>, ModelError> {
+        fn joint(&mut self, enc: &[f32], pred: &[f32]) -> Result<Vec<f32>, CoreError> {
             let n_out = self.vocab + 1 + self.n_durations;
             let batch = pred.len() / 2;
             let mut out = vec![0.0; batch * n_out];

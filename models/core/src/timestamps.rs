@@ -16,7 +16,7 @@
 
 use crate::config::ParakeetConfig;
 use crate::detokenize::Detokenizer;
-use crate::error::ModelError;
+use crate::error::CoreError;
 use crate::transcript::{Hypothesis, Segment, TimedToken, Transcript, Word};
 
 /// How encoder frames map to seconds.
@@ -135,7 +135,7 @@ impl Timestamper {
         &self,
         hyp: &Hypothesis,
         num_samples: usize,
-    ) -> Result<Transcript, ModelError> {
+    ) -> Result<Transcript, CoreError> {
         let offsets = self.offsets(hyp)?;
         let t = &self.timing;
         let tokens = offsets
@@ -186,7 +186,7 @@ impl Timestamper {
     }
 
     /// Text and frame offsets of `hyp` (what NeMo stores in `hypothesis.timestamp`).
-    pub fn offsets(&self, hyp: &Hypothesis) -> Result<Offsets, ModelError> {
+    pub fn offsets(&self, hyp: &Hypothesis) -> Result<Offsets, CoreError> {
         let tokens = self.token_offsets(hyp)?;
         let ids: Vec<u32> = hyp.tokens.iter().map(|t| t.id).collect();
         let text = self
@@ -213,12 +213,12 @@ impl Timestamper {
         })
     }
 
-    fn token_offsets(&self, hyp: &Hypothesis) -> Result<Vec<TokenOffsets>, ModelError> {
+    fn token_offsets(&self, hyp: &Hypothesis) -> Result<Vec<TokenOffsets>, CoreError> {
         let d = &self.detokenizer;
         let mut tokens: Vec<TokenOffsets> = Vec::with_capacity(hyp.tokens.len());
         for tok in &hyp.tokens {
             let (Some(piece), Some(text)) = (d.piece(tok.id), d.piece_text(tok.id)) else {
-                return Err(ModelError::Decode(format!(
+                return Err(CoreError::Decode(format!(
                     "token id {} is outside the vocabulary of {} pieces",
                     tok.id,
                     d.len()
@@ -398,7 +398,7 @@ pub fn build_transcript(
     vocabulary: &[String],
     cfg: &ParakeetConfig,
     num_samples: usize,
-) -> Result<Transcript, ModelError> {
+) -> Result<Transcript, CoreError> {
     Timestamper::for_model(vocabulary, cfg).transcript(hyp, num_samples)
 }
 

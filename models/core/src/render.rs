@@ -10,7 +10,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::ModelError;
+use crate::error::CoreError;
 use crate::speakers::SpeakerSegment;
 use crate::transcript::Transcript;
 
@@ -98,13 +98,13 @@ impl fmt::Display for OutputFormat {
 }
 
 impl FromStr for OutputFormat {
-    type Err = ModelError;
+    type Err = CoreError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         OutputFormat::ALL
             .into_iter()
             .find(|f| f.name() == s)
-            .ok_or_else(|| ModelError::UnknownOutputFormat(s.to_string()))
+            .ok_or_else(|| CoreError::UnknownOutputFormat(s.to_string()))
     }
 }
 
@@ -505,7 +505,7 @@ mod tests {
         assert_eq!(OutputFormat::Vtt.content_type(), "text/vtt; charset=utf-8");
         assert!(matches!(
             "xml".parse::<OutputFormat>(),
-            Err(ModelError::UnknownOutputFormat(s)) if s == "xml"
+            Err(CoreError::UnknownOutputFormat(s)) if s == "xml"
         ));
     }
 }
