@@ -12,6 +12,7 @@ use anyhow::{anyhow, bail, ensure, Context, Result};
 use models::checkpoint::TensorMap;
 use models::sortformer::{PostProcessing, SortformerCheckpoint, SortformerModel, StreamingState};
 use models::ModelError;
+use saphyr::{LoadableYamlNode, Mapping, Scalar, Yaml, YamlEmitter};
 use serde_json::Value;
 
 const MAX_REL_L2: f64 = 1e-4;
@@ -401,14 +402,22 @@ fn members() -> Result<Vec<(String, Vec<u8>)>> {
 
 /// Loads the fixture with `model_config.yaml` edited by `edit` (on the parsed YAML).
 fn load_with_config(
-    edit: impl Fn(&mut serde_yaml::Value),
+    edit: impl Fn(&mut Yaml<'static>),
 ) -> Result<Result<SortformerModel, ModelError>> {
     let mut builder = tar::Builder::new(Vec::new());
     for (name, mut bytes) in members()? {
         if name.ends_with("model_config.yaml") {
-            let mut yaml: serde_yaml::Value = serde_yaml::from_slice(&bytes)?;
-            edit(&mut yaml);
-            bytes = serde_yaml::to_string(&yaml)?.into_bytes();
+            let mut documents: Vec<Yaml<'static>> =
+                Yaml::load_from_str(std::str::from_utf8(&bytes)?)?;
+            ensure!(
+                documents.len() == 1,
+                "{name}: {} documents",
+                documents.len()
+            );
+            edit(&mut documents[0]);
+            let mut text = String::new();
+            YamlEmitter::new(&mut text).dump(&documents[0])?;
+            bytes = text.into_bytes();
         }
         let mut header = tar::Header::new_gnu();
         header.set_size(bytes.len() as u64);
@@ -422,12 +431,19 @@ fn load_with_config(
     Ok(SortformerModel::load(&path))
 }
 
-fn set(yaml: &mut serde_yaml::Value, path: &str, value: serde_yaml::Value) {
+/// Sets dotted `path` to the YAML scalar `value` (e.g. `"4"`, `"gelu"`, `"true"`), adding
+/// missing mappings on the way.
+fn set(yaml: &mut Yaml<'static>, path: &str, value: &'static str) {
     let mut node = yaml;
     for part in path.split('.') {
-        node = &mut node[part];
+        let key = Yaml::Value(Scalar::String(part.to_string().into()));
+        node = node
+            .as_mapping_mut()
+            .unwrap_or_else(|| panic!("`{path}` does not go through mappings"))
+            .entry(key)
+            .or_insert_with(|| Yaml::Mapping(Mapping::new()));
     }
-    *node = value;
+    *node = Yaml::value_from_str(value);
 }
 
 /// A load result for messages (the model itself is too big to print).
@@ -440,27 +456,23 @@ fn outcome(result: &Result<SortformerModel, ModelError>) -> String {
 
 #[test]
 fn bad_configs_give_typed_errors() -> Result<()> {
-    let cases: Vec<(&str, serde_yaml::Value, &str)> = vec![
-        ("sortformer_modules.spkcache_len", 4.into(), "spkcache_len"),
-        ("sortformer_modules.chunk_len", 0.into(), "chunk_len"),
-        (
-            "transformer_encoder.hidden_act",
-            "gelu".into(),
-            "hidden_act",
-        ),
-        ("transformer_encoder.pre_ln", true.into(), "pre_ln"),
-        ("transformer_encoder.num_layers", 1.into(), "num_layers"),
+    let cases = [
+        ("sortformer_modules.spkcache_len", "4", "spkcache_len"),
+        ("sortformer_modules.chunk_len", "0", "chunk_len"),
+        ("transformer_encoder.hidden_act", "gelu", "hidden_act"),
+        ("transformer_encoder.pre_ln", "true", "pre_ln"),
+        ("transformer_encoder.num_layers", "1", "num_layers"),
         (
             "transformer_encoder.num_attention_heads",
-            5.into(),
+            "5",
             "num_attention_heads",
         ),
-        ("sortformer_modules.tf_d_model", 48.into(), "tf_d_model"),
-        ("max_num_of_spks", 3.into(), "max_num_of_spks"),
-        ("encoder.subsampling", "striding".into(), "subsampling"),
+        ("sortformer_modules.tf_d_model", "48", "tf_d_model"),
+        ("max_num_of_spks", "3", "max_num_of_spks"),
+        ("encoder.subsampling", "striding", "subsampling"),
     ];
     for (key, value, expect_key) in cases {
-        match load_with_config(|y| set(y, key, value.clone()))? {
+        match load_with_config(|y| set(y, key, value))? {
             Ok(_) => bail!("{key} = {value:?} loaded"),
             Err(
                 ModelError::InvalidConfig { key: k, .. }
@@ -473,9 +485,9 @@ fn bad_configs_give_typed_errors() -> Result<()> {
     }
     // A wider transformer than the weights: the first tensor read says so, by name.
     match load_with_config(|y| {
-        set(y, "transformer_encoder.hidden_size", 48.into());
-        set(y, "sortformer_modules.tf_d_model", 48.into());
-        set(y, "model_defaults.tf_d_model", 48.into());
+        set(y, "transformer_encoder.hidden_size", "48");
+        set(y, "sortformer_modules.tf_d_model", "48");
+        set(y, "model_defaults.tf_d_model", "48");
     })? {
         Err(ModelError::TensorShape { name, .. }) => ensure!(
             name.starts_with("sortformer_modules.encoder_proj"),

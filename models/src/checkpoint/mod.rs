@@ -11,6 +11,7 @@ mod pickle;
 mod torch;
 mod validate;
 mod vocabulary;
+pub(crate) mod yaml;
 mod yaml_config;
 
 use std::collections::BTreeMap;

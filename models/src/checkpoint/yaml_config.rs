@@ -6,8 +6,7 @@
 
 use std::path::Path;
 
-use serde_yaml::Value;
-
+use super::yaml::{as_f64, show, ConfigYaml, MAX_SETTING};
 use crate::config::{
     AttentionModel, DecoderConfig, EncoderConfig, FeatureConfig, FeatureNormalization,
     ParakeetConfig, StftPadding,
@@ -16,10 +15,6 @@ use crate::error::ModelError;
 
 /// LayerNorm and BatchNorm epsilon: PyTorch defaults, which NeMo's Conformer never overrides.
 const NORM_EPS: f32 = 1e-5;
-
-/// Largest integer setting accepted (sizes, counts, rates). Far above any real model, and it
-/// keeps every product of two settings (shape checks) well inside `usize`.
-const MAX_SETTING: u64 = 1 << 24;
 
 /// Everything read from the config: the model plus what the loader needs to finish the job.
 #[derive(Debug, Clone)]
@@ -66,193 +61,10 @@ fn leading_number(s: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// Typed, path-addressed access to the YAML tree, with errors naming the file and key.
-struct Yaml<'a> {
-    root: &'a Value,
-    file: &'a Path,
-}
-
-impl<'a> Yaml<'a> {
-    fn get(&self, path: &str) -> Option<&'a Value> {
-        let mut node = self.root;
-        for part in path.split('.') {
-            node = node.as_mapping()?.get(part)?;
-        }
-        (!node.is_null()).then_some(node)
-    }
-
-    fn invalid(&self, key: &str, problem: impl Into<String>) -> ModelError {
-        ModelError::InvalidConfig {
-            file: self.file.to_path_buf(),
-            key: key.to_string(),
-            problem: problem.into(),
-        }
-    }
-
-    fn unsupported(&self, key: &str, value: impl std::fmt::Display) -> ModelError {
-        ModelError::UnsupportedConfig {
-            file: self.file.to_path_buf(),
-            key: key.to_string(),
-            value: value.to_string(),
-        }
-    }
-
-    fn usize_opt(&self, key: &str) -> Result<Option<usize>, ModelError> {
-        self.get(key)
-            .map(|v| {
-                v.as_u64()
-                    .filter(|&n| n <= MAX_SETTING)
-                    .and_then(|n| usize::try_from(n).ok())
-                    .ok_or_else(|| {
-                        self.invalid(
-                            key,
-                            format!(
-                                "expected an integer from 0 to {MAX_SETTING}, found {}",
-                                show(v)
-                            ),
-                        )
-                    })
-            })
-            .transpose()
-    }
-
-    fn usize(&self, key: &str) -> Result<usize, ModelError> {
-        self.usize_opt(key)?
-            .ok_or_else(|| self.invalid(key, "missing"))
-    }
-
-    fn positive(&self, key: &str) -> Result<usize, ModelError> {
-        match self.usize(key)? {
-            0 => Err(self.invalid(key, "must be positive")),
-            n => Ok(n),
-        }
-    }
-
-    fn i64_opt(&self, key: &str) -> Result<Option<i64>, ModelError> {
-        self.get(key)
-            .map(|v| {
-                v.as_i64().ok_or_else(|| {
-                    self.invalid(key, format!("expected an integer, found {}", show(v)))
-                })
-            })
-            .transpose()
-    }
-
-    fn f64_opt(&self, key: &str) -> Result<Option<f64>, ModelError> {
-        self.get(key)
-            .map(|v| {
-                v.as_f64().ok_or_else(|| {
-                    self.invalid(key, format!("expected a number, found {}", show(v)))
-                })
-            })
-            .transpose()
-    }
-
-    fn bool_or(&self, key: &str, default: bool) -> Result<bool, ModelError> {
-        self.get(key)
-            .map(|v| {
-                v.as_bool().ok_or_else(|| {
-                    self.invalid(key, format!("expected true or false, found {}", show(v)))
-                })
-            })
-            .transpose()
-            .map(|b| b.unwrap_or(default))
-    }
-
-    fn str_opt(&self, key: &str) -> Result<Option<&'a str>, ModelError> {
-        self.get(key)
-            .map(|v| {
-                v.as_str().ok_or_else(|| {
-                    self.invalid(key, format!("expected a string, found {}", show(v)))
-                })
-            })
-            .transpose()
-    }
-
-    /// A string option that must be one of `allowed` (or absent, meaning `default`).
-    fn choice(&self, key: &str, default: &'a str, allowed: &[&str]) -> Result<&'a str, ModelError> {
-        let value = self.str_opt(key)?.unwrap_or(default);
-        if allowed.contains(&value) {
-            Ok(value)
-        } else {
-            Err(self.unsupported(key, value))
-        }
-    }
-
-    fn int_list(&self, key: &str) -> Result<Option<Vec<i64>>, ModelError> {
-        let Some(v) = self.get(key) else {
-            return Ok(None);
-        };
-        let seq = v
-            .as_sequence()
-            .ok_or_else(|| self.invalid(key, format!("expected a list, found {}", show(v))))?;
-        seq.iter()
-            .map(|item| {
-                item.as_i64().ok_or_else(|| {
-                    self.invalid(key, format!("expected integers, found {}", show(item)))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(Some)
-    }
-
-    fn string_list(&self, key: &str) -> Result<Option<Vec<String>>, ModelError> {
-        let Some(v) = self.get(key) else {
-            return Ok(None);
-        };
-        let seq = v
-            .as_sequence()
-            .ok_or_else(|| self.invalid(key, format!("expected a list, found {}", show(v))))?;
-        seq.iter()
-            .map(|item| match item {
-                Value::String(s) => Ok(s.clone()),
-                // YAML turns pieces such as `1` or `y`-like words into other scalars when
-                // unquoted; NeMo always quotes them, but accept plain scalars as text.
-                Value::Number(n) => Ok(n.to_string()),
-                Value::Bool(b) => Ok(b.to_string()),
-                other => Err(self.invalid(key, format!("expected strings, found {}", show(other)))),
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(Some)
-    }
-
-    /// `_target_` must name the NeMo class we implement (any module path).
-    fn target(&self, section: &str, class: &str) -> Result<(), ModelError> {
-        let key = format!("{section}._target_");
-        match self.str_opt(&key)? {
-            Some(t) if t.rsplit('.').next() != Some(class) => Err(self.unsupported(&key, t)),
-            _ => Ok(()),
-        }
-    }
-}
-
-fn show(v: &Value) -> String {
-    serde_yaml::to_string(v)
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| format!("{v:?}"))
-}
-
 /// Parses `model_config.yaml`. `file` is the name used in errors.
 pub(crate) fn parse(text: &str, file: &Path) -> Result<ConfigFile, ModelError> {
-    let root: Value = serde_yaml::from_str(text).map_err(|e| ModelError::InvalidConfig {
-        file: file.to_path_buf(),
-        key: "<document>".to_string(),
-        problem: format!("not valid YAML: {e}"),
-    })?;
-    if !root.is_mapping() {
-        return Err(ModelError::InvalidConfig {
-            file: file.to_path_buf(),
-            key: "<document>".to_string(),
-            problem: "the top level is not a mapping".to_string(),
-        });
-    }
-    let y = Yaml { root: &root, file };
-    let nemo_version = y.get("nemo_version").map(|v| match v {
-        Value::String(s) => s.clone(),
-        other => show(other),
-    });
-    let features = features(&y, stft_padding_for_version(nemo_version.as_deref()))?;
-    let encoder = encoder(&y, features.n_mels)?;
+    let y = ConfigYaml::parse(text, file)?;
+    let (features, encoder, nemo_version) = parse_frontend(&y)?;
     let decoder = decoder(&y)?;
     let vocabulary = match y.string_list("joint.vocabulary")? {
         Some(v) => Some(v),
@@ -276,25 +88,17 @@ pub(crate) fn parse(text: &str, file: &Path) -> Result<ConfigFile, ModelError> {
 /// The preprocessor and encoder sections only (models with another head, e.g. Sortformer),
 /// plus `nemo_version`.
 pub(crate) fn parse_frontend(
-    text: &str,
-    file: &Path,
+    y: &ConfigYaml<'_>,
 ) -> Result<(FeatureConfig, EncoderConfig, Option<String>), ModelError> {
-    let root: Value = serde_yaml::from_str(text).map_err(|e| ModelError::InvalidConfig {
-        file: file.to_path_buf(),
-        key: "<document>".to_string(),
-        problem: format!("not valid YAML: {e}"),
-    })?;
-    let y = Yaml { root: &root, file };
-    let nemo_version = y.get("nemo_version").map(|v| match v {
-        Value::String(s) => s.clone(),
-        other => show(other),
-    });
-    let features = features(&y, stft_padding_for_version(nemo_version.as_deref()))?;
-    let encoder = encoder(&y, features.n_mels)?;
+    let nemo_version = y
+        .get("nemo_version")
+        .map(|v| v.as_str().map_or_else(|| show(v), str::to_string));
+    let features = features(y, stft_padding_for_version(nemo_version.as_deref()))?;
+    let encoder = encoder(y, features.n_mels)?;
     Ok((features, encoder, nemo_version))
 }
 
-fn features(y: &Yaml<'_>, stft_padding: StftPadding) -> Result<FeatureConfig, ModelError> {
+fn features(y: &ConfigYaml<'_>, stft_padding: StftPadding) -> Result<FeatureConfig, ModelError> {
     y.target("preprocessor", "AudioToMelSpectrogramPreprocessor")?;
     let p = |k: &str| format!("preprocessor.{k}");
     let sample_rate_hz = match y.usize_opt(&p("sample_rate"))? {
@@ -348,7 +152,7 @@ fn features(y: &Yaml<'_>, stft_padding: StftPadding) -> Result<FeatureConfig, Mo
 
     let preemphasis = match y.get(&p("preemph")) {
         // An explicit `null` disables preemphasis; `get` maps null to None, so look again.
-        None if has_explicit_null(y.root, &["preprocessor", "preemph"]) => None,
+        None if y.is_null(&p("preemph")) => None,
         None => Some(0.97),
         Some(_) => y.f64_opt(&p("preemph"))?.map(|v| v as f32),
     };
@@ -359,24 +163,23 @@ fn features(y: &Yaml<'_>, stft_padding: StftPadding) -> Result<FeatureConfig, Mo
     y.choice(&p("log_zero_guard_type"), "add", &["add"])?;
     let log_zero_guard = match y.get(&p("log_zero_guard_value")) {
         None => 2f32.powi(-24),
-        Some(Value::String(s)) if s == "tiny" => f32::MIN_POSITIVE,
-        Some(Value::String(s)) if s == "eps" => f32::EPSILON,
-        Some(Value::String(s)) => return Err(y.unsupported(&p("log_zero_guard_value"), s)),
-        Some(v) => v
-            .as_f64()
-            .ok_or_else(|| y.unsupported(&p("log_zero_guard_value"), show(v)))?
-            as f32,
+        Some(v) => match v.as_str() {
+            Some("tiny") => f32::MIN_POSITIVE,
+            Some("eps") => f32::EPSILON,
+            Some(s) => return Err(y.unsupported(&p("log_zero_guard_value"), s)),
+            None => {
+                as_f64(v).ok_or_else(|| y.unsupported(&p("log_zero_guard_value"), show(v)))? as f32
+            }
+        },
     };
-    let normalization = match y.get(&p("normalize")) {
-        None => match has_explicit_null(y.root, &["preprocessor", "normalize"]) {
+    let normalization = match y.get(&p("normalize")).map(|v| (v, v.as_str())) {
+        None => match y.is_null(&p("normalize")) {
             true => FeatureNormalization::None,
             false => FeatureNormalization::PerFeature,
         },
-        Some(Value::String(s)) if s == "per_feature" => FeatureNormalization::PerFeature,
-        Some(Value::String(s)) if s.is_empty() || s == "NA" || s == "None" => {
-            FeatureNormalization::None
-        }
-        Some(v) => return Err(y.unsupported(&p("normalize"), show(v))),
+        Some((_, Some("per_feature"))) => FeatureNormalization::PerFeature,
+        Some((_, Some("" | "NA" | "None"))) => FeatureNormalization::None,
+        Some((v, _)) => return Err(y.unsupported(&p("normalize"), show(v))),
     };
     y.choice(&p("window"), "hann", &["hann"])?;
     y.choice(&p("mel_norm"), "slaney", &["slaney"])?;
@@ -409,18 +212,7 @@ fn features(y: &Yaml<'_>, stft_padding: StftPadding) -> Result<FeatureConfig, Mo
     })
 }
 
-fn has_explicit_null(root: &Value, path: &[&str]) -> bool {
-    let mut node = root;
-    for part in path {
-        match node.as_mapping().and_then(|m| m.get(*part)) {
-            Some(next) => node = next,
-            None => return false,
-        }
-    }
-    node.is_null()
-}
-
-fn encoder(y: &Yaml<'_>, n_mels: usize) -> Result<EncoderConfig, ModelError> {
+fn encoder(y: &ConfigYaml<'_>, n_mels: usize) -> Result<EncoderConfig, ModelError> {
     y.target("encoder", "ConformerEncoder")?;
     let e = |k: &str| format!("encoder.{k}");
     let feat_in = y.positive(&e("feat_in"))?;
@@ -471,11 +263,10 @@ fn encoder(y: &Yaml<'_>, n_mels: usize) -> Result<EncoderConfig, ModelError> {
     {
         return Err(y.unsupported(&e("feat_out"), f));
     }
-    if y.get(&e("reduction")).is_some() && y.usize_opt(&e("reduction_factor"))?.unwrap_or(1) > 1 {
-        return Err(y.unsupported(
-            &e("reduction"),
-            show(y.get(&e("reduction")).unwrap_or(&Value::Null)),
-        ));
+    if let Some(reduction) = y.get(&e("reduction")) {
+        if y.usize_opt(&e("reduction_factor"))?.unwrap_or(1) > 1 {
+            return Err(y.unsupported(&e("reduction"), show(reduction)));
+        }
     }
     if let Some(g) = y.usize_opt(&e("global_tokens"))?.filter(|&g| g > 0) {
         return Err(y.unsupported(&e("global_tokens"), g));
@@ -543,7 +334,7 @@ fn encoder(y: &Yaml<'_>, n_mels: usize) -> Result<EncoderConfig, ModelError> {
     })
 }
 
-fn decoder(y: &Yaml<'_>) -> Result<DecoderConfig, ModelError> {
+fn decoder(y: &ConfigYaml<'_>) -> Result<DecoderConfig, ModelError> {
     y.target("decoder", "RNNTDecoder")?;
     y.target("joint", "RNNTJoint")?;
     let vocab_size = y.positive("decoder.vocab_size")?;
@@ -601,7 +392,7 @@ fn decoder(y: &Yaml<'_>) -> Result<DecoderConfig, ModelError> {
 }
 
 /// TDT durations may be given in up to three places; all that are present must agree.
-fn tdt_durations(y: &Yaml<'_>) -> Result<Vec<usize>, ModelError> {
+fn tdt_durations(y: &ConfigYaml<'_>) -> Result<Vec<usize>, ModelError> {
     const KEYS: [&str; 3] = [
         "decoding.durations",
         "model_defaults.tdt_durations",

@@ -6,13 +6,10 @@
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
-use serde_yaml::Value;
 
+use crate::checkpoint::yaml::ConfigYaml;
 use crate::config::{EncoderConfig, FeatureConfig};
 use crate::error::ModelError;
-
-/// Largest accepted size or count (keeps shape products far inside `usize`).
-const MAX_SETTING: u64 = 1 << 24;
 
 /// `transformer_encoder` (NeMo `TransformerEncoder`, post-LN, no positional encoding).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -88,107 +85,10 @@ impl SortformerConfig {
     }
 }
 
-struct Yaml<'a> {
-    root: &'a Value,
-    file: &'a Path,
-}
-
-impl Yaml<'_> {
-    fn get(&self, path: &str) -> Option<&Value> {
-        let mut node = self.root;
-        for part in path.split('.') {
-            node = node.as_mapping()?.get(part)?;
-        }
-        (!node.is_null()).then_some(node)
-    }
-
-    fn invalid(&self, key: &str, problem: impl Into<String>) -> ModelError {
-        ModelError::InvalidConfig {
-            file: self.file.to_path_buf(),
-            key: key.to_string(),
-            problem: problem.into(),
-        }
-    }
-
-    fn usize_or(&self, key: &str, default: usize) -> Result<usize, ModelError> {
-        match self.get(key) {
-            None => Ok(default),
-            Some(v) => v
-                .as_u64()
-                .filter(|&n| n <= MAX_SETTING)
-                .map(|n| n as usize)
-                .ok_or_else(|| {
-                    self.invalid(key, format!("expected an integer from 0 to {MAX_SETTING}"))
-                }),
-        }
-    }
-
-    fn positive_or(&self, key: &str, default: usize) -> Result<usize, ModelError> {
-        match self.usize_or(key, default)? {
-            0 => Err(self.invalid(key, "must be positive")),
-            n => Ok(n),
-        }
-    }
-
-    fn f64_or(&self, key: &str, default: f64) -> Result<f64, ModelError> {
-        match self.get(key) {
-            None => Ok(default),
-            Some(v) => v
-                .as_f64()
-                .filter(|f| f.is_finite())
-                .ok_or_else(|| self.invalid(key, "expected a finite number")),
-        }
-    }
-
-    fn f32_or(&self, key: &str, default: f32) -> Result<f32, ModelError> {
-        self.f64_or(key, f64::from(default)).map(|f| f as f32)
-    }
-
-    fn bool_or(&self, key: &str, default: bool) -> Result<bool, ModelError> {
-        match self.get(key) {
-            None => Ok(default),
-            Some(v) => v
-                .as_bool()
-                .ok_or_else(|| self.invalid(key, "expected true or false")),
-        }
-    }
-
-    fn str_opt(&self, key: &str) -> Result<Option<&str>, ModelError> {
-        self.get(key)
-            .map(|v| {
-                v.as_str()
-                    .ok_or_else(|| self.invalid(key, "expected a string"))
-            })
-            .transpose()
-    }
-
-    fn unsupported(&self, key: &str, value: impl std::fmt::Display) -> ModelError {
-        ModelError::UnsupportedConfig {
-            file: self.file.to_path_buf(),
-            key: key.to_string(),
-            value: value.to_string(),
-        }
-    }
-
-    /// `_target_` must name `class` (any module path) when present.
-    fn target(&self, section: &str, class: &str) -> Result<(), ModelError> {
-        let key = format!("{section}._target_");
-        match self.str_opt(&key)? {
-            Some(t) if t.rsplit('.').next() != Some(class) => Err(self.unsupported(&key, t)),
-            _ => Ok(()),
-        }
-    }
-}
-
 /// Parses a Sortformer `model_config.yaml`. `file` is the name used in errors.
 pub(crate) fn parse(text: &str, file: &Path) -> Result<SortformerConfig, ModelError> {
-    let (features, encoder, _nemo_version) = crate::checkpoint::parse_frontend(text, file)?;
-    let root: Value = serde_yaml::from_str(text).map_err(|e| ModelError::InvalidConfig {
-        file: file.to_path_buf(),
-        key: "<document>".into(),
-        problem: format!("not valid YAML: {e}"),
-    })?;
-    let y = Yaml { root: &root, file };
+    let y = ConfigYaml::parse(text, file)?;
+    let (features, encoder, _nemo_version) = crate::checkpoint::parse_frontend(&y)?;
     y.target("sortformer_modules", "SortformerModules")?;
     y.target("transformer_encoder", "TransformerEncoder")?;
 
@@ -226,14 +126,14 @@ pub(crate) fn parse(text: &str, file: &Path) -> Result<SortformerConfig, ModelEr
         ("model_defaults.fc_d_model".to_string(), encoder.d_model),
         (m("subsampling_factor"), encoder.subsampling_factor),
     ] {
-        if let Some(n) = y.get(&key).and_then(Value::as_u64) {
+        if let Some(n) = y.u64_if_integer(&key) {
             if n as usize != width {
                 return Err(y.invalid(&key, format!("{n} differs from the model's {width}")));
             }
         }
     }
     let num_speakers = y.positive_or(&m("num_spks"), 4)?;
-    if let Some(n) = y.get("max_num_of_spks").and_then(Value::as_u64) {
+    if let Some(n) = y.u64_if_integer("max_num_of_spks") {
         if n as usize != num_speakers {
             return Err(y.invalid(
                 "max_num_of_spks",
@@ -249,12 +149,12 @@ pub(crate) fn parse(text: &str, file: &Path) -> Result<SortformerConfig, ModelEr
         spkcache_len_frames: y.usize_or(&m("spkcache_len"), 188)?,
         spkcache_update_period_frames: y.usize_or(&m("spkcache_update_period"), 188)?,
         spkcache_sil_frames_per_spk: y.usize_or(&m("spkcache_sil_frames_per_spk"), 3)?,
-        pred_score_threshold: y.f32_or(&m("pred_score_threshold"), 0.25)?,
-        scores_boost_latest: y.f32_or(&m("scores_boost_latest"), 0.05)?,
-        sil_threshold: y.f32_or(&m("sil_threshold"), 0.2)?,
-        strong_boost_rate: y.f64_or(&m("strong_boost_rate"), 0.75)?,
-        weak_boost_rate: y.f64_or(&m("weak_boost_rate"), 1.5)?,
-        min_pos_scores_rate: y.f64_or(&m("min_pos_scores_rate"), 0.5)?,
+        pred_score_threshold: y.finite_f32_or(&m("pred_score_threshold"), 0.25)?,
+        scores_boost_latest: y.finite_f32_or(&m("scores_boost_latest"), 0.05)?,
+        sil_threshold: y.finite_f32_or(&m("sil_threshold"), 0.2)?,
+        strong_boost_rate: y.finite_f64_or(&m("strong_boost_rate"), 0.75)?,
+        weak_boost_rate: y.finite_f64_or(&m("weak_boost_rate"), 1.5)?,
+        min_pos_scores_rate: y.finite_f64_or(&m("min_pos_scores_rate"), 0.5)?,
     };
     if y.bool_or("async_streaming", false)? {
         // NeMo's batched "async" update keeps fixed-size zero-padded buffers and treats the
@@ -273,7 +173,7 @@ pub(crate) fn parse(text: &str, file: &Path) -> Result<SortformerConfig, ModelEr
         num_speakers,
         streaming,
         streaming_mode: y.bool_or("streaming_mode", false)?,
-        peak_normalization_eps: y.f32_or("eps", 1e-3)?,
+        peak_normalization_eps: y.finite_f32_or("eps", 1e-3)?,
     };
     config
         .streaming
