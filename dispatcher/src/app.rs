@@ -7,6 +7,8 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use engine::{EngineKind, EngineSettings};
+
 use crate::config::Settings;
 use crate::decode::AudioSettings;
 use crate::diarizer::Diarizer;
@@ -175,7 +177,14 @@ pub fn load_diarizer(settings: &Settings) -> Result<Option<Arc<dyn Diarizer>>> {
     settings
         .diar_model
         .as_deref()
-        .map(|path| crate::diarizer::load(path, settings.diar_model_id.clone()))
+        .map(|path| {
+            crate::in_process::load_diarizer(
+                EngineKind::Cpu,
+                path,
+                &EngineSettings::cpu(),
+                settings.diar_model_id.clone(),
+            )
+        })
         .transpose()
 }
 

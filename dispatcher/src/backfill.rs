@@ -5,9 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::diarizer::diarized_model_id;
 use crate::error::Result;
 use crate::job::{JobMessage, ObjectRef, Prefix};
+use crate::model_id::diarized_model_id;
 use crate::outputs::ResultLocation;
 use crate::queue::Queue;
 use crate::store::ObjectStore;

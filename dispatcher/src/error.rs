@@ -70,6 +70,9 @@ pub enum DispatchError {
     },
     #[error("inference failed: {0}")]
     Inference(String),
+    /// The in-process engine failed on a batch (the cause kept).
+    #[error("inference failed: {0}")]
+    Engine(#[source] Box<engine::EngineError>),
     #[error("diarization was requested but no diarization model is configured")]
     DiarizationUnavailable,
 
@@ -82,6 +85,13 @@ pub enum DispatchError {
     },
     #[error("config: {0}")]
     Config(String),
+    /// A model the in-process engine could not load (missing file, bad checkpoint, no GPU).
+    #[error("loading model {path}: {source}")]
+    EngineLoad {
+        path: PathBuf,
+        #[source]
+        source: Box<engine::EngineError>,
+    },
 }
 
 impl DispatchError {
@@ -106,9 +116,13 @@ impl DispatchError {
             Self::Store { class, .. } | Self::Queue { class, .. } => *class,
             // Someone else's result under our deterministic key, or a model that fails on
             // this node: let another node (or a human, via the DLQ) look at it.
-            Self::ResultMismatch { .. } | Self::Inference(_) => ErrorClass::Infrastructure,
+            Self::ResultMismatch { .. } | Self::Inference(_) | Self::Engine(_) => {
+                ErrorClass::Infrastructure
+            }
             Self::LeaseLost { .. } => ErrorClass::Transient,
-            Self::Io { .. } | Self::Config(_) => ErrorClass::Infrastructure,
+            Self::Io { .. } | Self::Config(_) | Self::EngineLoad { .. } => {
+                ErrorClass::Infrastructure
+            }
         }
     }
 
@@ -131,10 +145,10 @@ impl DispatchError {
             Self::Queue { .. } => "queue_error",
             Self::LeaseLost { .. } => "lease_lost",
             Self::Audio { reason, .. } => reason,
-            Self::Inference(_) => "inference_error",
+            Self::Inference(_) | Self::Engine(_) => "inference_error",
             Self::DiarizationUnavailable => "diarization_unavailable",
             Self::Io { .. } => "io_error",
-            Self::Config(_) => "config_error",
+            Self::Config(_) | Self::EngineLoad { .. } => "config_error",
         }
     }
 }

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use engine::{EngineKind, EngineSettings};
 use model_core::speakers::SpeakerSegment;
 use model_core::transcript::Transcript;
 use worker_fleet::{Fleet, FleetError, FleetOptions, FleetTranscriber, WireErrorKind};
@@ -15,6 +16,7 @@ use crate::config::Settings;
 use crate::diarizer::Diarizer;
 use crate::error::{DispatchError, Result};
 use crate::metrics::MetricsSource;
+use crate::model_id::given_or_hashed;
 use crate::transcriber::{Capacity, Transcriber};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -82,7 +84,12 @@ pub fn load_for(args: &EngineArgs, settings: &Settings, model: &Path) -> Result<
 pub fn load(args: &EngineArgs, model: &Path, model_id: Option<String>) -> Result<LoadedEngine> {
     if args.engine == EngineChoice::InProcess {
         return Ok(LoadedEngine {
-            transcriber: crate::engine::load(model, model_id)?,
+            transcriber: crate::in_process::load_transcriber(
+                EngineKind::Cpu,
+                model,
+                &EngineSettings::cpu(),
+                model_id,
+            )?,
             metrics_source: None,
             diarizer: None,
         });
@@ -98,14 +105,10 @@ fn load_fleet(
     diar_model: Option<&Path>,
     diar_model_id: Option<String>,
 ) -> Result<LoadedEngine> {
-    let model_id = match model_id {
-        Some(id) => id,
-        None => crate::engine::model_id_for(model)?,
-    };
-    let diar_model_id = match (diar_model, diar_model_id) {
-        (Some(_), Some(id)) => Some(id),
-        (Some(path), None) => Some(crate::engine::model_id_for(path)?),
-        (None, _) => None,
+    let model_id = given_or_hashed(model_id, model)?;
+    let diar_model_id = match diar_model {
+        Some(path) => Some(given_or_hashed(diar_model_id, path)?),
+        None => None,
     };
     let worker_engine = args.worker_engine();
     let config = args

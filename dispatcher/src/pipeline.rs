@@ -7,23 +7,24 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use model_core::render::RenderOptions;
-use model_core::speakers::{attribute_speakers, AttributionOptions, SpeakerSegment};
 use tokio::sync::Semaphore;
 
 use crate::decode::{self, AudioSettings, Decoded};
-use crate::diarizer::{diarized_model_id, Diarizer};
+use crate::diarizer::Diarizer;
 use crate::error::{DispatchError, ErrorClass, Result};
 use crate::job::{Job, OutputFormat, Prefix};
 use crate::lifecycle::retry::{retry_transient, RetrySettings};
 use crate::metrics::{MetricEvent, Metrics, Stage};
+use crate::model_id::diarized_model_id;
 use crate::outputs::{
     Existing, FailureRecord, InputInfo, Manifest, ResultLocation, WriteOutcome, Writer,
     MISSING_TAG, RECORD_SCHEMA_VERSION,
 };
 use crate::queue::now_ms;
+use crate::recording::transcribe_recording;
 use crate::render;
 use crate::store::{ObjectMeta, ObjectStore};
-use crate::transcriber::{stitch, Piece, Transcriber};
+use crate::transcriber::Transcriber;
 
 #[derive(Debug, Clone)]
 pub struct PipelineSettings {
@@ -286,35 +287,45 @@ impl Pipeline {
             .expect("inference semaphore is never closed (bug)");
         self.stage(Stage::QueueWait, t);
 
-        let transcription = async {
-            let t = Instant::now();
-            let pieces = self.infer(&decoded).await?;
-            Ok((pieces, t.elapsed().as_secs_f64()))
-        };
-        let diarization = self.diarize(diarizer.clone(), &decoded);
-        let ((pieces, inference_s), turns) = tokio::try_join!(transcription, diarization)?;
+        let transcriber = self.transcriber.clone();
+        let per_call = self.settings.segments_per_call;
+        let recording = decoded.clone();
+        let diarizing = diarizer.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            transcribe_recording(
+                transcriber.as_ref(),
+                diarizing.as_deref(),
+                &recording,
+                per_call,
+            )
+        })
+        .await
+        .map_err(|e| DispatchError::Inference(format!("inference thread panicked: {e}")))??;
         drop(_slot);
         self.metrics.emit(MetricEvent::StageSeconds {
             stage: Stage::Inference,
-            seconds: inference_s,
+            seconds: result.inference_s,
         });
+        if diarizer.is_some() {
+            self.metrics.emit(MetricEvent::StageSeconds {
+                stage: Stage::Diarization,
+                seconds: result.diarization_s,
+            });
+        }
         self.metrics
             .emit(MetricEvent::AudioSeconds(decoded.duration_s));
-        if inference_s > 0.0 {
+        if result.inference_s > 0.0 {
             self.metrics
-                .emit(MetricEvent::Rtfx(decoded.duration_s / inference_s));
+                .emit(MetricEvent::Rtfx(decoded.duration_s / result.inference_s));
         }
 
         let t = Instant::now();
-        let mut transcript = stitch(pieces, decoded.duration_s);
-        let mut options = RenderOptions {
+        let transcript = result.transcript;
+        let options = RenderOptions {
             file_id: Some(file_id_of(&job.input.key)),
+            speaker_turns: result.speaker_turns.unwrap_or_default(),
             ..RenderOptions::default()
         };
-        if let Some(turns) = turns {
-            attribute_speakers(&mut transcript, &turns, &AttributionOptions::default());
-            options.speaker_turns = turns;
-        }
         let rendered = job
             .output_formats()
             .into_iter()
@@ -345,59 +356,6 @@ impl Pipeline {
             },
             WriteOutcome::AlreadyDone => JobOutcome::AlreadyDone,
         })
-    }
-
-    /// Runs the model over the segments a few at a time on a blocking thread.
-    async fn infer(&self, decoded: &Decoded) -> Result<Vec<Piece>> {
-        let per_call = self.settings.segments_per_call.max(1);
-        let frame_s = self.transcriber.frame_duration_s();
-        let rate = f64::from(audio::TARGET_SAMPLE_RATE_HZ);
-        let mut pieces = Vec::with_capacity(decoded.segments.len());
-        for batch in decoded.segments.chunks(per_call) {
-            let transcriber = self.transcriber.clone();
-            let pcm = decoded.pcm.clone();
-            let ranges = batch.to_vec();
-            let transcripts = tokio::task::spawn_blocking(move || {
-                let refs: Vec<&[f32]> = ranges.iter().map(|r| &pcm[r.clone()]).collect();
-                transcriber.transcribe(&refs)
-            })
-            .await
-            .map_err(|e| DispatchError::Inference(format!("inference thread panicked: {e}")))??;
-            if transcripts.len() != batch.len() {
-                return Err(DispatchError::Inference(format!(
-                    "{} transcripts for {} segments",
-                    transcripts.len(),
-                    batch.len()
-                )));
-            }
-            for (range, transcript) in batch.iter().zip(transcripts) {
-                let offset_s = range.start as f64 / rate;
-                pieces.push(Piece {
-                    offset_s,
-                    offset_frames: (offset_s / frame_s).round() as usize,
-                    transcript,
-                });
-            }
-        }
-        Ok(pieces)
-    }
-
-    /// Speaker turns of the whole recording on a blocking thread, when a diarizer is given.
-    async fn diarize(
-        &self,
-        diarizer: Option<Arc<dyn Diarizer>>,
-        decoded: &Decoded,
-    ) -> Result<Option<Vec<SpeakerSegment>>> {
-        let Some(diarizer) = diarizer else {
-            return Ok(None);
-        };
-        let t = Instant::now();
-        let pcm = decoded.pcm.clone();
-        let turns = tokio::task::spawn_blocking(move || diarizer.diarize(&pcm))
-            .await
-            .map_err(|e| DispatchError::Inference(format!("diarization thread panicked: {e}")))??;
-        self.stage(Stage::Diarization, t);
-        Ok(Some(turns))
     }
 
     fn stage(&self, stage: Stage, since: Instant) {

@@ -13,9 +13,10 @@ use std::time::Duration;
 use common::{engine, records, settings, Backend};
 use dispatcher::app::{self, MetricsRuntime};
 use dispatcher::config::Settings;
-use dispatcher::diarizer::{diarized_model_id, Diarizer};
+use dispatcher::diarizer::Diarizer;
 use dispatcher::job::{JobMessage, OutputFormat};
 use dispatcher::lifecycle::RunSummary;
+use dispatcher::model_id::diarized_model_id;
 use dispatcher::outputs::{FailureRecord, Manifest};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -37,8 +38,13 @@ fn diarizer() -> Arc<dyn Diarizer> {
     static DIARIZER: OnceLock<Arc<dyn Diarizer>> = OnceLock::new();
     DIARIZER
         .get_or_init(|| {
-            dispatcher::diarizer::load(&fixture("sortformer-tiny/model.nemo"), None)
-                .expect("load the sortformer fixture")
+            dispatcher::in_process::load_diarizer(
+                engine::EngineKind::Cpu,
+                &fixture("sortformer-tiny/model.nemo"),
+                &engine::EngineSettings::cpu(),
+                None,
+            )
+            .expect("load the sortformer fixture")
         })
         .clone()
 }

@@ -7,12 +7,12 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use worker_protocol::Task;
 
 use crate::batch_policy::BatchPolicyConfig;
-use crate::cuda_diarizer::CudaDiarSettings;
-use crate::cuda_engine::CudaSettings;
-use crate::engine::{EngineKind, EngineSettings, OnnxSettings};
 use crate::error::WorkerError;
-use crate::onnx_engine::OnnxProvider;
 use cuda_engine::{EncoderPrecision, FeatureLocation};
+use engine::cuda::CudaSettings;
+use engine::cuda_diarizer::CudaDiarSettings;
+use engine::onnx::OnnxProvider;
+use engine::{EngineKind, EngineSettings, OnnxSettings};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -72,7 +72,7 @@ pub struct ServeArgs {
     pub cuda_device: usize,
     /// Longest segment (seconds) the CUDA engine's decoder graph is captured for at warm-up,
     /// with the largest preferred batch size; longer segments decode eagerly (same results).
-    #[arg(long, env = "WORKER_CUDA_GRAPH_MAX_SECONDS", default_value_t = 30.0)]
+    #[arg(long, env = "WORKER_CUDA_GRAPH_MAX_SECONDS", default_value_t = CudaSettings::DEFAULT_GRAPH_MAX_SECONDS)]
     pub cuda_graph_max_seconds: f64,
     /// Where the CUDA engine computes log-mel features: `device` (the GPU path; the host only
     /// uploads PCM) or `host` (the reference code, one clip at a time on the worker's CPU).
@@ -113,7 +113,7 @@ pub struct ServeArgs {
     #[arg(
         long,
         env = "WORKER_CUDA_SUBSAMPLING_SCRATCH_MIB",
-        default_value_t = 64
+        default_value_t = CudaSettings::DEFAULT_SUBSAMPLING_SCRATCH_MIB
     )]
     pub cuda_subsampling_scratch_mib: usize,
     /// A directory where the CUDA workers of a GPU share one copy of the encoder weights (each
@@ -216,14 +216,10 @@ impl ServeArgs {
                 weights_share_dir: self.cuda_weights_share_dir.clone(),
                 blocking_sync: self.cuda_sync == CudaSyncArg::Block,
             },
-        }
-    }
-
-    /// The CUDA diarization engine's settings.
-    pub fn diar_cuda_settings(&self) -> CudaDiarSettings {
-        CudaDiarSettings {
-            device: self.cuda_device,
-            precision: self.cuda_diar_precision.into(),
+            cuda_diarizer: CudaDiarSettings {
+                device: self.cuda_device,
+                precision: self.cuda_diar_precision.into(),
+            },
         }
     }
 
@@ -259,10 +255,10 @@ mod tests {
 
     #[test]
     fn diarization_precision_defaults_to_f32_and_takes_bf16() -> Result<(), clap::Error> {
-        let default = serve(&[])?.diar_cuda_settings();
+        let default = serve(&[])?.engine_settings().cuda_diarizer;
         assert_eq!(default.precision, EncoderPrecision::F32);
         let args = serve(&["--cuda-diar-precision", "bf16", "--cuda-device", "3"])?;
-        let settings = args.diar_cuda_settings();
+        let settings = args.engine_settings().cuda_diarizer;
         assert_eq!(settings.precision, EncoderPrecision::Bf16);
         assert_eq!(settings.device, 3);
         // The transcription encoder's setting is separate.

@@ -11,9 +11,7 @@ use model_core::speakers::SpeakerSegment;
 use model_core::transcript::Hypothesis;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::diar_engine::DiarizationEngine;
-use crate::engine::Engine;
-use crate::error::WorkerError;
+use engine::{DiarizationEngine, Engine, EngineError};
 
 /// The engine a worker serves with: one task per process.
 pub enum Served {
@@ -36,7 +34,7 @@ impl Served {
         }
     }
 
-    fn run(&mut self, clips: &[&[f32]]) -> Result<Answers, WorkerError> {
+    fn run(&mut self, clips: &[&[f32]]) -> Result<Answers, EngineError> {
         match self {
             Self::Transcribe(e) => e.transcribe(clips).map(Answers::Hypotheses),
             Self::Diarize(e) => clips
@@ -54,7 +52,7 @@ pub struct EngineJob {
 }
 
 pub struct EngineOutcome {
-    pub result: Result<Answers, WorkerError>,
+    pub result: Result<Answers, EngineError>,
     pub elapsed: Duration,
 }
 

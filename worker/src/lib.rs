@@ -5,13 +5,8 @@
 pub mod batch_policy;
 pub mod batcher;
 pub mod config;
-pub mod cuda_diarizer;
-pub mod cuda_engine;
-pub mod diar_engine;
-pub mod engine;
 pub mod engine_thread;
 pub mod error;
-pub mod onnx_engine;
 pub mod server;
 
 pub use error::WorkerError;

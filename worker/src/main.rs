@@ -11,7 +11,7 @@ use worker::batcher::{Batcher, QueueStats};
 use worker::config::{Cli, Command, ProbeArgs, ServeArgs};
 use worker::engine_thread::Served;
 use worker::server::{accept_loop, ServerContext};
-use worker::{diar_engine, engine, engine_thread, WorkerError};
+use worker::{engine_thread, WorkerError};
 use worker_protocol::{Task, WorkerInfo};
 
 fn main() -> Result<()> {
@@ -39,7 +39,7 @@ fn probe(args: &ProbeArgs) -> Result<()> {
     match probed {
         Ok(probe) => {
             println!("engine cuda: available: {}", probe.summary());
-            let report = worker::cuda_engine::device_report(&probe);
+            let report = engine::cuda::device_report(&probe);
             println!("device {}", serde_json::to_string(&report)?);
             Ok(())
         }
@@ -69,7 +69,7 @@ fn load_and_warm_up(
     let clip = warmup_clip();
     let (served, model, device, hop_samples) = match task {
         Task::Transcribe => {
-            let mut engine = engine::load(args.engine, &args.model, args.engine_settings())?;
+            let mut engine = engine::load(args.engine, &args.model, &args.engine_settings())?;
             let loaded = started.elapsed();
             engine.transcribe(&[&clip])?;
             log_ready(engine.name(), task, started, loaded);
@@ -78,7 +78,7 @@ fn load_and_warm_up(
         }
         Task::Diarize => {
             let mut engine =
-                diar_engine::load(args.engine, &args.model, args.diar_cuda_settings())?;
+                engine::load_diarizer(args.engine, &args.model, &args.engine_settings())?;
             let loaded = started.elapsed();
             engine.diarize(&clip)?;
             log_ready(engine.name(), task, started, loaded);

@@ -62,13 +62,13 @@ pub(crate) struct BackfillArgs {
 pub(crate) async fn run(args: BackfillArgs) -> anyhow::Result<()> {
     let model_id = match (&args.model_id, &args.model) {
         (Some(id), _) => id.clone(),
-        (None, Some(path)) => dispatcher::engine::model_id_for(path)?,
+        (None, Some(path)) => dispatcher::model_id::model_id_for(path)?,
         (None, None) => anyhow::bail!("--model-id or --model is required"),
     };
     let diarizer_model_id = match (args.diarize, &args.diar_model_id, &args.diar_model) {
         (false, _, _) => None,
         (true, Some(id), _) => Some(id.clone()),
-        (true, None, Some(path)) => Some(dispatcher::engine::model_id_for(path)?),
+        (true, None, Some(path)) => Some(dispatcher::model_id::model_id_for(path)?),
         (true, None, None) => anyhow::bail!("--diarize needs --diar-model-id or --diar-model"),
     };
     let settings = BackfillSettings {

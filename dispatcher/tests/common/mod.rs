@@ -34,7 +34,13 @@ pub fn engine() -> Arc<dyn Transcriber> {
     static ENGINE: OnceLock<Arc<dyn Transcriber>> = OnceLock::new();
     ENGINE
         .get_or_init(|| {
-            dispatcher::engine::load(&fixture_model_path(), None).expect("load fixture model")
+            dispatcher::in_process::load_transcriber(
+                engine::EngineKind::Cpu,
+                &fixture_model_path(),
+                &engine::EngineSettings::cpu(),
+                None,
+            )
+            .expect("load fixture model")
         })
         .clone()
 }

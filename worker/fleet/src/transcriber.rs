@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use model_core::timestamps::{FrameTiming, TimestampOptions, Timestamper};
+use model_core::timestamps::Timestamper;
 use model_core::transcript::Transcript;
 
 use crate::error::FleetError;
@@ -25,16 +25,11 @@ impl FleetTranscriber {
         ready_timeout: Duration,
     ) -> Result<Self, FleetError> {
         let info = fleet.wait_ready(ready_timeout)?;
-        let timing = FrameTiming {
-            window_stride_s: info.window_stride_s,
-            subsampling_factor: info.subsampling_factor as usize,
-            sample_rate_hz: info.sample_rate_hz,
-        };
         Ok(Self {
             fleet,
-            timestamper: Timestamper::new(&info.vocabulary, timing, TimestampOptions::default()),
+            timestamper: info.timestamper(),
             model_id,
-            frame_s: timing.seconds(1),
+            frame_s: info.frame_timing().seconds(1),
         })
     }
 

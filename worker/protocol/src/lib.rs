@@ -10,11 +10,13 @@
 //! Decoding never trusts the peer: a length above the frame limit is refused before anything is
 //! allocated, and a body that does not decode is a [`ProtocolError`], never a panic.
 
+mod engine_kind;
 mod error;
 mod frame;
 mod messages;
 mod pcm_bytes;
 
+pub use engine_kind::{EngineKind, UnknownEngine};
 pub use error::ProtocolError;
 pub use frame::{decode_body, encode_frame, read_frame, write_frame, MAX_FRAME_BYTES};
 #[cfg(feature = "tokio")]

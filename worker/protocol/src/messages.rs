@@ -2,6 +2,7 @@
 //! [`PROTOCOL_VERSION`] with it (postcard is not self-describing, so there is no silent skew).
 
 use model_core::speakers::SpeakerSegment;
+use model_core::timestamps::{FrameTiming, TimestampOptions, Timestamper};
 use model_core::transcript::Hypothesis;
 use serde::{Deserialize, Serialize};
 
@@ -159,6 +160,27 @@ pub struct ModelInfo {
     pub window_stride_s: f64,
     pub subsampling_factor: u32,
     pub sample_rate_hz: u32,
+}
+
+impl ModelInfo {
+    /// The frame timing of this model's hypotheses.
+    pub fn frame_timing(&self) -> FrameTiming {
+        FrameTiming {
+            window_stride_s: self.window_stride_s,
+            subsampling_factor: self.subsampling_factor as usize,
+            sample_rate_hz: self.sample_rate_hz,
+        }
+    }
+
+    /// NeMo's timestamps for this model's hypotheses: the same whether the engine runs in this
+    /// process or in a worker (whose handshake carries this description).
+    pub fn timestamper(&self) -> Timestamper {
+        Timestamper::new(
+            &self.vocabulary,
+            self.frame_timing(),
+            TimestampOptions::default(),
+        )
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

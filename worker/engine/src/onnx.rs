@@ -1,4 +1,4 @@
-//! The ONNX Runtime engine (models::onnx) behind the worker's [`Engine`] trait. Its execution
+//! The ONNX Runtime engine (models::onnx) behind the [`Engine`] trait. Its execution
 //! provider is chosen at startup; a GPU provider that cannot be registered fails the start
 //! (the models crate never falls back to the CPU provider).
 
@@ -7,10 +7,10 @@ use std::path::Path;
 use clap::ValueEnum;
 use model_core::transcript::Hypothesis;
 use models::onnx::{ExecutionProvider, OnnxModel, OnnxOptions};
-use worker_protocol::ModelInfo;
+use worker_protocol::{EngineKind, ModelInfo};
 
-use crate::engine::{one_per_clip, Engine};
-use crate::error::WorkerError;
+use crate::error::EngineError;
+use crate::transcription::{one_per_clip, Engine};
 
 /// Parakeet's feature hop (10 ms at 16 kHz), assumed when the export computes its own features.
 const DEFAULT_HOP_SAMPLES: usize = 160;
@@ -33,19 +33,19 @@ impl OnnxProvider {
     }
 }
 
-pub struct OnnxEngine {
+pub struct OnnxBackend {
     model: OnnxModel,
     path: String,
 }
 
-impl OnnxEngine {
+impl OnnxBackend {
     /// `dir`: an ONNX export directory (NeMo/onnx-asr or sherpa layout).
-    pub fn load(dir: &Path, provider: OnnxProvider, device_id: i32) -> Result<Self, WorkerError> {
+    pub fn load(dir: &Path, provider: OnnxProvider, device_id: i32) -> Result<Self, EngineError> {
         let options = OnnxOptions {
             execution_provider: provider.execution_provider(device_id),
             ..OnnxOptions::default()
         };
-        let model = OnnxModel::load(dir, &options).map_err(|source| WorkerError::Load {
+        let model = OnnxModel::load(dir, &options).map_err(|source| EngineError::Load {
             path: dir.to_owned(),
             source,
         })?;
@@ -64,9 +64,9 @@ impl OnnxEngine {
     }
 }
 
-impl Engine for OnnxEngine {
+impl Engine for OnnxBackend {
     fn name(&self) -> &'static str {
-        "onnx"
+        EngineKind::Onnx.name()
     }
 
     fn model_info(&self) -> ModelInfo {
@@ -82,11 +82,11 @@ impl Engine for OnnxEngine {
         }
     }
 
-    fn transcribe(&mut self, batch: &[&[f32]]) -> Result<Vec<Hypothesis>, WorkerError> {
+    fn transcribe(&mut self, batch: &[&[f32]]) -> Result<Vec<Hypothesis>, EngineError> {
         let hyps = self
             .model
             .transcribe_batch(batch)
-            .map_err(WorkerError::Inference)?;
+            .map_err(EngineError::Inference)?;
         one_per_clip(batch, hyps)
     }
 

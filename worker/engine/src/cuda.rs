@@ -1,5 +1,4 @@
-//! The native CUDA engine (`cuda-engine`'s [`GpuParakeet`]) behind the worker's [`Engine`]
-//! trait. It warms up (decoder graph captured, one full batch run) before the worker reports
+//! The native CUDA engine (`cuda-engine`'s [`GpuParakeet`]) behind the [`Engine`] trait. It warms up (decoder graph captured, one full batch run) before the worker reports
 //! ready, and it never runs anywhere but its GPU.
 
 use std::path::{Path, PathBuf};
@@ -8,10 +7,11 @@ use cuda_engine::{
     DeviceProbe, EncoderPrecision, FeatureLocation, GpuParakeet, WeightShare, WeightSharing,
 };
 use model_core::transcript::Hypothesis;
-use worker_protocol::{DeviceReport, ModelInfo, MpsReport};
+use worker_protocol::{DeviceReport, EngineKind, ModelInfo, MpsReport};
 
-use crate::engine::{model_info, one_per_clip, Engine, EngineKind};
-use crate::error::WorkerError;
+use crate::error::EngineError;
+use crate::model_info;
+use crate::transcription::{one_per_clip, Engine};
 
 /// The GPU, the batch envelope the decoder's CUDA graph is captured for (larger batches run
 /// eagerly), where features are computed, the encoder's storage type and its subsampling
@@ -31,32 +31,54 @@ pub struct CudaSettings {
     pub blocking_sync: bool,
 }
 
-pub struct CudaEngine {
+impl CudaSettings {
+    /// Longest segment the decoder graph is captured for at warm-up (longer ones run eagerly).
+    pub const DEFAULT_GRAPH_MAX_SECONDS: f64 = 30.0;
+    /// Each subsampling scratch buffer's cap: groups of 5 x 30 s in bf16.
+    pub const DEFAULT_SUBSAMPLING_SCRATCH_MIB: usize = 64;
+
+    /// GPU `device` with `precision` and the defaults for everything else: graph captured for
+    /// `graph_max_batch` x 30 s, features on the GPU, private weights, blocking sync.
+    pub fn on_device(device: usize, precision: EncoderPrecision, graph_max_batch: usize) -> Self {
+        Self {
+            device,
+            graph_max_batch,
+            graph_max_seconds: Self::DEFAULT_GRAPH_MAX_SECONDS,
+            features: FeatureLocation::Device,
+            precision,
+            subsampling_scratch_bytes: Self::DEFAULT_SUBSAMPLING_SCRATCH_MIB << 20,
+            weights_share_dir: None,
+            blocking_sync: true,
+        }
+    }
+}
+
+pub struct CudaBackend {
     model: GpuParakeet,
     path: String,
     probe: DeviceProbe,
 }
 
-impl CudaEngine {
-    pub fn load(path: &Path, settings: CudaSettings) -> Result<Self, WorkerError> {
+impl CudaBackend {
+    pub fn load(path: &Path, settings: CudaSettings) -> Result<Self, EngineError> {
         let mut model = GpuParakeet::load_with(path, settings.device, settings.precision)
-            .map_err(WorkerError::Cuda)?;
+            .map_err(EngineError::Cuda)?;
         if settings.blocking_sync {
             model
                 .engine()
                 .set_blocking_sync()
-                .map_err(WorkerError::Cuda)?;
+                .map_err(EngineError::Cuda)?;
         }
         model.set_feature_location(settings.features);
         model.set_subsampling_scratch_limit_bytes(settings.subsampling_scratch_bytes);
-        let probe = model.engine().probe().map_err(WorkerError::Cuda)?;
+        let probe = model.engine().probe().map_err(EngineError::Cuda)?;
         tracing::info!(device = %probe.summary(), "CUDA engine loaded");
         if let Some(dir) = &settings.weights_share_dir {
             share_weights(&mut model, path, dir, settings.precision)?;
         }
         model
             .warm_up(settings.graph_max_batch, settings.graph_max_seconds)
-            .map_err(WorkerError::Cuda)?;
+            .map_err(EngineError::Cuda)?;
         Ok(Self {
             model,
             path: path.display().to_string(),
@@ -73,10 +95,10 @@ fn share_weights(
     path: &Path,
     dir: &Path,
     precision: EncoderPrecision,
-) -> Result<(), WorkerError> {
+) -> Result<(), EngineError> {
     let share = WeightShare::for_model(dir, path, precision.name(), model.engine())
-        .map_err(WorkerError::Cuda)?;
-    match model.share_weights(&share).map_err(WorkerError::Cuda)? {
+        .map_err(EngineError::Cuda)?;
+    match model.share_weights(&share).map_err(EngineError::Cuda)? {
         WeightSharing::Created { bytes } => {
             tracing::info!(
                 bytes,
@@ -118,24 +140,24 @@ pub fn device_report(probe: &DeviceProbe) -> DeviceReport {
     }
 }
 
-impl Engine for CudaEngine {
+impl Engine for CudaBackend {
     fn name(&self) -> &'static str {
         EngineKind::Cuda.name()
     }
 
     fn model_info(&self) -> ModelInfo {
-        model_info(&self.path, self.model.vocabulary(), self.model.config())
+        model_info::parakeet(&self.path, self.model.vocabulary(), self.model.config())
     }
 
     fn device(&self) -> Option<DeviceReport> {
         Some(device_report(&self.probe))
     }
 
-    fn transcribe(&mut self, batch: &[&[f32]]) -> Result<Vec<Hypothesis>, WorkerError> {
+    fn transcribe(&mut self, batch: &[&[f32]]) -> Result<Vec<Hypothesis>, EngineError> {
         let hyps = self
             .model
             .transcribe_batch(batch)
-            .map_err(WorkerError::Cuda)?;
+            .map_err(EngineError::Cuda)?;
         one_per_clip(batch, hyps)
     }
 

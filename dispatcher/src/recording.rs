@@ -1,0 +1,229 @@
+//! One recording to one transcript, the same for `transcribe`, `local` and `run`: the decoded
+//! recording's segments go to the transcriber a few per call, their transcripts are stitched
+//! into one (times shifted by each segment's start), and when a diarizer is given it runs over
+//! the whole recording at the same time and its speaker turns label the words and segments.
+//! Synchronous: the pipeline runs it on a blocking thread.
+
+use std::time::Instant;
+
+use model_core::speakers::{attribute_speakers, AttributionOptions, SpeakerSegment};
+use model_core::transcript::{Segment, TimedToken, Transcript, Word};
+
+use crate::decode::Decoded;
+use crate::diarizer::Diarizer;
+use crate::error::{DispatchError, Result};
+use crate::transcriber::Transcriber;
+
+/// A recording's transcript (speakers attributed when diarized) and where the time went.
+pub struct RecordingResult {
+    pub transcript: Transcript,
+    /// The diarizer's speaker turns (`None`: not diarized).
+    pub speaker_turns: Option<Vec<SpeakerSegment>>,
+    /// Seconds in the transcriber (all calls).
+    pub inference_s: f64,
+    /// Seconds in the diarizer (concurrent with the transcription).
+    pub diarization_s: f64,
+}
+
+/// Transcribes `decoded` with `segments_per_call` segments per transcriber call, diarizing the
+/// whole recording alongside when `diarizer` is given.
+pub fn transcribe_recording(
+    transcriber: &dyn Transcriber,
+    diarizer: Option<&dyn Diarizer>,
+    decoded: &Decoded,
+    segments_per_call: usize,
+) -> Result<RecordingResult> {
+    let pcm = decoded.pcm.as_slice();
+    let (transcription, diarization) = std::thread::scope(|scope| {
+        let diarization = diarizer.map(|d| {
+            scope.spawn(move || {
+                let t = Instant::now();
+                d.diarize(pcm)
+                    .map(|turns| (turns, t.elapsed().as_secs_f64()))
+            })
+        });
+        let t = Instant::now();
+        let transcription = transcribe_segments(transcriber, decoded, segments_per_call)
+            .map(|pieces| (pieces, t.elapsed().as_secs_f64()));
+        let diarization = diarization.map(|handle| {
+            handle.join().unwrap_or_else(|_| {
+                Err(DispatchError::Inference(
+                    "diarization thread panicked".into(),
+                ))
+            })
+        });
+        (transcription, diarization)
+    });
+    let (pieces, inference_s) = transcription?;
+    let mut transcript = stitch(pieces, decoded.duration_s);
+    let (speaker_turns, diarization_s) = match diarization {
+        Some(result) => {
+            let (turns, seconds) = result?;
+            attribute_speakers(&mut transcript, &turns, &AttributionOptions::default());
+            (Some(turns), seconds)
+        }
+        None => (None, 0.0),
+    };
+    Ok(RecordingResult {
+        transcript,
+        speaker_turns,
+        inference_s,
+        diarization_s,
+    })
+}
+
+/// Each segment's transcript, in order, with its offset in the recording.
+fn transcribe_segments(
+    transcriber: &dyn Transcriber,
+    decoded: &Decoded,
+    segments_per_call: usize,
+) -> Result<Vec<Piece>> {
+    let frame_s = transcriber.frame_duration_s();
+    let rate = f64::from(audio::TARGET_SAMPLE_RATE_HZ);
+    let mut pieces = Vec::with_capacity(decoded.segments.len());
+    for batch in decoded.segments.chunks(segments_per_call.max(1)) {
+        let refs: Vec<&[f32]> = batch.iter().map(|r| &decoded.pcm[r.clone()]).collect();
+        let transcripts = transcriber.transcribe(&refs)?;
+        if transcripts.len() != batch.len() {
+            return Err(DispatchError::Inference(format!(
+                "{} transcripts for {} segments (bug)",
+                transcripts.len(),
+                batch.len()
+            )));
+        }
+        for (range, transcript) in batch.iter().zip(transcripts) {
+            let offset_s = range.start as f64 / rate;
+            pieces.push(Piece {
+                offset_s,
+                offset_frames: (offset_s / frame_s).round() as usize,
+                transcript,
+            });
+        }
+    }
+    Ok(pieces)
+}
+
+/// A segment's transcript and where the segment starts in the recording.
+pub struct Piece {
+    pub offset_s: f64,
+    /// Encoder frames before this segment (for frame-indexed token spans).
+    pub offset_frames: usize,
+    pub transcript: Transcript,
+}
+
+/// Joins per-segment transcripts into one, shifting times (and frames) by each segment's
+/// start and renumbering segments. A recording that is one segment from its start keeps the
+/// model's transcript exactly as computed (NeMo's, for a clip NeMo would take whole).
+pub fn stitch(mut pieces: Vec<Piece>, duration_s: f64) -> Transcript {
+    if pieces.len() == 1 && pieces[0].offset_s == 0.0 && pieces[0].offset_frames == 0 {
+        if let Some(only) = pieces.pop() {
+            return Transcript {
+                duration_s,
+                ..only.transcript
+            };
+        }
+    }
+    let mut out = Transcript {
+        text: String::new(),
+        duration_s,
+        tokens: Vec::new(),
+        words: Vec::new(),
+        segments: Vec::new(),
+    };
+    let mut texts = Vec::new();
+    for piece in pieces {
+        let (dt, df) = (piece.offset_s, piece.offset_frames);
+        let t = piece.transcript;
+        let text = t.text.trim();
+        if !text.is_empty() {
+            texts.push(text.to_owned());
+        }
+        out.tokens
+            .extend(t.tokens.into_iter().map(|tok| TimedToken {
+                start_frame: tok.start_frame + df,
+                end_frame: tok.end_frame + df,
+                start_s: tok.start_s + dt,
+                end_s: tok.end_s + dt,
+                ..tok
+            }));
+        out.words.extend(t.words.into_iter().map(|w| Word {
+            start_s: w.start_s + dt,
+            end_s: w.end_s + dt,
+            ..w
+        }));
+        for seg in t.segments {
+            let id = out.segments.len();
+            out.segments.push(Segment {
+                id,
+                start_s: seg.start_s + dt,
+                end_s: seg.end_s + dt,
+                ..seg
+            });
+        }
+    }
+    out.text = texts.join(" ");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn piece(offset_s: f64, offset_frames: usize, word: &str) -> Piece {
+        Piece {
+            offset_s,
+            offset_frames,
+            transcript: Transcript {
+                text: format!(" {word}"),
+                duration_s: 2.0,
+                tokens: vec![TimedToken {
+                    id: 7,
+                    piece: word.into(),
+                    start_frame: 1,
+                    end_frame: 3,
+                    start_s: 0.08,
+                    end_s: 0.24,
+                }],
+                words: vec![Word {
+                    word: word.into(),
+                    start_s: 0.08,
+                    end_s: 0.24,
+                    speaker: None,
+                }],
+                segments: vec![Segment {
+                    id: 0,
+                    start_s: 0.08,
+                    end_s: 0.24,
+                    text: word.into(),
+                    tokens: vec![7],
+                    speaker: None,
+                }],
+            },
+        }
+    }
+
+    #[test]
+    fn one_segment_from_the_start_is_kept_as_computed() {
+        let t = stitch(vec![piece(0.0, 0, "hello")], 3.5);
+        assert_eq!(t.text, " hello");
+        assert_eq!(t.duration_s, 3.5);
+        assert_eq!(t.words[0].start_s, 0.08);
+    }
+
+    #[test]
+    fn stitch_shifts_times_and_renumbers() {
+        let t = stitch(
+            vec![piece(0.0, 0, "hello"), piece(10.0, 125, "world")],
+            12.0,
+        );
+        assert_eq!(t.text, "hello world");
+        assert_eq!(t.duration_s, 12.0);
+        assert_eq!(t.words[1].start_s, 10.08);
+        assert_eq!(t.tokens[1].start_frame, 126);
+        assert_eq!(
+            t.segments.iter().map(|s| s.id).collect::<Vec<_>>(),
+            vec![0, 1]
+        );
+        assert_eq!(t.segments[1].end_s, 10.24);
+    }
+}

@@ -1,0 +1,31 @@
+//! The engine crate's one error type; every variant keeps its cause.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("loading model {path}: {source}")]
+    Load {
+        path: PathBuf,
+        #[source]
+        source: models::ModelError,
+    },
+    /// A requested engine this build or machine cannot provide. Never answered by falling back
+    /// to another engine.
+    #[error("engine `{engine}` is not available: {reason}")]
+    Unavailable { engine: String, reason: String },
+    #[error("inference failed: {0}")]
+    Inference(#[source] models::ModelError),
+    #[error("CUDA engine: {0}")]
+    Cuda(#[source] cuda_engine::CudaEngineError),
+    #[error("engine returned {got} hypotheses for a batch of {expected} (bug)")]
+    Contract { expected: usize, got: usize },
+}
+
+impl EngineError {
+    /// The process cannot go on: its CUDA context is poisoned (a sticky fault, or MPS dropped
+    /// the client).
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, Self::Cuda(e) if e.is_sticky())
+    }
+}
