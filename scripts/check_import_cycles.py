@@ -281,6 +281,7 @@ def main() -> int:
                 found += 1
                 names = " <-> ".join(str(p.relative_to(ROOT)) for p in comp)
                 print(f"import circle: {names}")
+    sys.stdout.flush()
     if found:
         print(f"{found} import circle(s) between files; move the shared item to a file both import",
               file=sys.stderr)

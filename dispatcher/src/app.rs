@@ -188,36 +188,29 @@ pub fn load_diarizer(settings: &Settings) -> Result<Option<Arc<dyn Diarizer>>> {
         .transpose()
 }
 
-/// A consumer over `queue` and `store` with the given engine, sharing `metrics`' health flag.
+/// What a consumer works with.
+pub struct ConsumerParts {
+    pub queue: Arc<dyn Queue>,
+    pub store: Arc<dyn ObjectStore>,
+    pub transcriber: Arc<dyn Transcriber>,
+    /// Serves the jobs that ask for diarization (`None`: those fail permanently).
+    pub diarizer: Option<Arc<dyn Diarizer>>,
+}
+
+/// A consumer over `parts`, sharing `metrics`' health flag; with `exit_when_idle` it stops once
+/// the queue is empty and nothing is in flight.
 pub fn consumer(
     settings: &Settings,
-    queue: Arc<dyn Queue>,
-    store: Arc<dyn ObjectStore>,
-    transcriber: Arc<dyn Transcriber>,
+    parts: ConsumerParts,
     metrics: &MetricsRuntime,
     exit_when_idle: bool,
 ) -> Result<Arc<Consumer>> {
-    consumer_with_diarizer(
-        settings,
+    let ConsumerParts {
         queue,
         store,
         transcriber,
-        None,
-        metrics,
-        exit_when_idle,
-    )
-}
-
-/// Like [`consumer`], serving diarization requests with `diarizer`.
-pub fn consumer_with_diarizer(
-    settings: &Settings,
-    queue: Arc<dyn Queue>,
-    store: Arc<dyn ObjectStore>,
-    transcriber: Arc<dyn Transcriber>,
-    diarizer: Option<Arc<dyn Diarizer>>,
-    metrics: &MetricsRuntime,
-    exit_when_idle: bool,
-) -> Result<Arc<Consumer>> {
+        diarizer,
+    } = parts;
     let sizing = Sizing::for_host(settings, transcriber.capacity());
     tracing::info!(
         receivers = sizing.receivers,

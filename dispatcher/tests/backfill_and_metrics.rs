@@ -162,15 +162,13 @@ async fn prometheus_endpoint_serves_job_metrics() {
         .await
         .expect("metrics");
     let addr = metrics.http_addr.expect("bound");
-    let consumer = dispatcher::app::consumer(
-        &s,
-        backend.queue.clone(),
-        backend.store.clone(),
-        engine(),
-        &metrics,
-        true,
-    )
-    .expect("consumer");
+    let parts = dispatcher::app::ConsumerParts {
+        queue: backend.queue.clone(),
+        store: backend.store.clone(),
+        transcriber: engine(),
+        diarizer: None,
+    };
+    let consumer = dispatcher::app::consumer(&s, parts, &metrics, true).expect("consumer");
     let summary = consumer
         .run(tokio_util::sync::CancellationToken::new())
         .await;

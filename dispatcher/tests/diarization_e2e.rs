@@ -68,16 +68,13 @@ async fn run_until_idle(
     let metrics = MetricsRuntime::start(settings, None)
         .await
         .expect("metrics");
-    let consumer = app::consumer_with_diarizer(
-        settings,
-        backend.queue.clone(),
-        backend.store.clone(),
-        engine(),
+    let parts = app::ConsumerParts {
+        queue: backend.queue.clone(),
+        store: backend.store.clone(),
+        transcriber: engine(),
         diarizer,
-        &metrics,
-        true,
-    )
-    .expect("consumer");
+    };
+    let consumer = app::consumer(settings, parts, &metrics, true).expect("consumer");
     let summary = tokio::time::timeout(
         Duration::from_secs(240),
         consumer.run(CancellationToken::new()),

@@ -104,15 +104,13 @@ pub(crate) async fn run(args: LocalArgs) -> anyhow::Result<ExitCode> {
     }
     let queue: Arc<dyn Queue> = Arc::new(spool.clone());
     let store_dyn: Arc<dyn ObjectStore> = Arc::new(store.clone());
-    let consumer = app::consumer_with_diarizer(
-        &settings,
+    let parts = app::ConsumerParts {
         queue,
-        store_dyn,
+        store: store_dyn,
         transcriber,
         diarizer,
-        &metrics,
-        !args.follow,
-    )?;
+    };
+    let consumer = app::consumer(&settings, parts, &metrics, !args.follow)?;
     // Jobs in the spool from before (no --input-dir): the total is unknown.
     let total = submitted.filter(|_| !args.follow);
     let progress = Progress::new(

@@ -54,15 +54,13 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         dispatcher::aws::s3(&aws, settings.s3_force_path_style),
         settings.sse_kms_key_id.clone(),
     ));
-    let consumer = app::consumer_with_diarizer(
-        &settings,
+    let parts = app::ConsumerParts {
         queue,
         store,
         transcriber,
         diarizer,
-        &metrics,
-        args.exit_when_idle,
-    )?;
+    };
+    let consumer = app::consumer(&settings, parts, &metrics, args.exit_when_idle)?;
     let summary = run_until_signal(consumer, CancellationToken::new()).await?;
     metrics.shutdown().await;
     tracing::info!(?summary, "stopped");

@@ -106,15 +106,13 @@ pub async fn run_until_idle(
     let metrics = MetricsRuntime::start(settings, None)
         .await
         .expect("metrics");
-    let consumer = app::consumer(
-        settings,
-        backend.queue.clone(),
-        backend.store.clone(),
+    let parts = app::ConsumerParts {
+        queue: backend.queue.clone(),
+        store: backend.store.clone(),
         transcriber,
-        &metrics,
-        true,
-    )
-    .expect("consumer");
+        diarizer: None,
+    };
+    let consumer = app::consumer(settings, parts, &metrics, true).expect("consumer");
     let summary = tokio::time::timeout(
         Duration::from_secs(180),
         consumer.run(CancellationToken::new()),
