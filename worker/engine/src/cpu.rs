@@ -18,16 +18,22 @@ pub struct CpuBackend {
     path: String,
 }
 
+/// `load(path)`, its error naming the path, and the path as the handshake reports it.
+fn load_from<M>(
+    path: &Path,
+    load: impl FnOnce(&Path) -> Result<M, models::ModelError>,
+) -> Result<(M, String), EngineError> {
+    let model = load(path).map_err(|source| EngineError::Load {
+        path: path.to_owned(),
+        source,
+    })?;
+    Ok((model, path.display().to_string()))
+}
+
 impl CpuBackend {
     pub fn load(path: &Path) -> Result<Self, EngineError> {
-        let model = ParakeetModel::load(path).map_err(|source| EngineError::Load {
-            path: path.to_owned(),
-            source,
-        })?;
-        Ok(Self {
-            model,
-            path: path.display().to_string(),
-        })
+        let (model, path) = load_from(path, ParakeetModel::load)?;
+        Ok(Self { model, path })
     }
 }
 
@@ -61,14 +67,8 @@ pub struct CpuDiarizer {
 
 impl CpuDiarizer {
     pub fn load(path: &Path) -> Result<Self, EngineError> {
-        let model = SortformerModel::load(path).map_err(|source| EngineError::Load {
-            path: path.to_owned(),
-            source,
-        })?;
-        Ok(Self {
-            model,
-            path: path.display().to_string(),
-        })
+        let (model, path) = load_from(path, SortformerModel::load)?;
+        Ok(Self { model, path })
     }
 }
 
