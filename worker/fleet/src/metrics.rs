@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 
 use worker_protocol::{Task, Timings};
 
-use crate::fleet::RestartCause;
+use crate::events::RestartCause;
 
 const BATCH_SIZE_BUCKETS: [f64; 8] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
 /// Seconds: a short batch on a GPU to a long CPU batch.

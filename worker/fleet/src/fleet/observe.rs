@@ -4,8 +4,10 @@ use std::process::Child;
 
 use worker_protocol::Task;
 
-use super::{metrics_index, Fleet, Phase, RestartCause, WorkerPhase, WorkerStatus};
+use super::state::{metrics_index, Phase};
+use super::{Fleet, WorkerPhase, WorkerStatus};
 use crate::config::FleetConfig;
+use crate::events::RestartCause;
 use crate::metrics::{Snapshot, WorkerGauges};
 
 impl Fleet {

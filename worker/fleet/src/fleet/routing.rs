@@ -6,10 +6,11 @@ use worker_protocol::{
     WorkerMessage, WorkerState,
 };
 
-use super::supervise::fail_slot;
-use super::{metrics_index, Answer, Phase, RestartCause, Shared, State, HOP_SAMPLES};
+use super::restart::fail_slot;
+use super::state::{metrics_index, Answer, Phase, Shared, State, HOP_SAMPLES};
 use crate::client::Connection;
 use crate::error::FleetError;
+use crate::events::RestartCause;
 use std::time::Instant;
 
 /// Sends waiting requests to the ready worker of their task with the least outstanding work
