@@ -22,7 +22,7 @@ use worker_protocol::{DeviceReport, DiarizeResponse, ModelInfo, Task, Transcribe
 use crate::config::FleetConfig;
 use crate::error::FleetError;
 use crate::events::{FleetEvent, RestartCause};
-use crate::metrics::GroupMetrics;
+use crate::metrics::FleetMetrics;
 use crate::mps::{self, MpsControl, SystemMps};
 
 mod observe;
@@ -110,8 +110,17 @@ impl Fleet {
                 let _ = events.send(event);
             }
         };
+        let metrics = FleetMetrics::default();
+        // Every group's transcription figures, and its diarization ones with a pool.
+        let tasks: &[Task] = match config.diarization {
+            Some(_) => &Task::ALL,
+            None => &[Task::Transcribe],
+        };
         let mut state = State {
-            metrics: vec![GroupMetrics::default(); config.groups.len() * Task::ALL.len()],
+            metrics: (config.groups.iter().enumerate())
+                .flat_map(|(g, group)| tasks.iter().map(move |&task| (g, group, task)))
+                .map(|(g, group, task)| ((g, task), metrics.group(&group.name, task)))
+                .collect(),
             ..State::default()
         };
         for (g, group) in config.groups.iter().enumerate() {
@@ -168,6 +177,7 @@ impl Fleet {
         }
         let shared = Arc::new(Shared {
             config,
+            metrics,
             state: Mutex::new(state),
             changed: Condvar::new(),
             mps: hooks.mps,

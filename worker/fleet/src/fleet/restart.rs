@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use super::state::{metrics_index, Phase, Shared, State};
+use super::state::{Phase, Shared, State};
 use crate::error::FleetError;
 use crate::events::{FleetEvent, RestartCause};
 use crate::mps;
@@ -100,7 +100,9 @@ fn take_down(shared: &Shared, state: &mut State, slot: usize, cause: RestartCaus
         cause,
     });
     *state.restarts.entry(cause).or_default() += 1;
-    state.metrics[metrics_index(group, task)].observe_restart(cause);
+    if let Some(m) = state.metrics.get(&(group, task)) {
+        m.observe_restart(cause);
+    }
     let s = &mut state.slots[slot];
     s.info = None;
     s.last_batch_seq = None;

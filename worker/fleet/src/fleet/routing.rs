@@ -7,7 +7,7 @@ use worker_protocol::{
 };
 
 use super::restart::fail_slot;
-use super::state::{metrics_index, Answer, Phase, Shared, State, HOP_SAMPLES};
+use super::state::{Answer, Phase, Shared, State, HOP_SAMPLES};
 use crate::client::Connection;
 use crate::error::FleetError;
 use crate::events::RestartCause;
@@ -196,7 +196,9 @@ fn answered(
         fail_slot(shared, state, slot, RestartCause::Crashed);
         return;
     }
-    state.metrics[metrics_index(group, task)].observe_answer(timings, new_batch);
+    if let Some(m) = state.metrics.get(&(group, task)) {
+        m.observe_answer(timings, new_batch);
+    }
     let ours = state
         .requests
         .get(&id)

@@ -15,7 +15,7 @@ use crate::config::FleetConfig;
 use crate::error::FleetError;
 use crate::events::{FleetEvent, RestartCause};
 use crate::load_lock::LoadLock;
-use crate::metrics::GroupMetrics;
+use crate::metrics::{FleetMetrics, GroupMetrics};
 use crate::mps::{self, MpsControl};
 
 pub(super) const TICK: Duration = Duration::from_millis(20);
@@ -100,15 +100,6 @@ impl Waiting {
     }
 }
 
-/// Index of a (group, task) pair in [`State::metrics`].
-pub(super) fn metrics_index(group: usize, task: Task) -> usize {
-    group * Task::ALL.len()
-        + match task {
-            Task::Transcribe => 0,
-            Task::Diarize => 1,
-        }
-}
-
 #[derive(Default)]
 pub(super) struct State {
     pub(super) slots: Vec<Slot>,
@@ -119,8 +110,8 @@ pub(super) struct State {
     /// `Stopped` was reported (shutdown runs again on drop).
     pub(super) stopped: bool,
     pub(super) restarts: HashMap<RestartCause, u64>,
-    /// Per group and task, by [`metrics_index`].
-    pub(super) metrics: Vec<GroupMetrics>,
+    /// Batch figures by group index and task (a task without workers has none).
+    pub(super) metrics: HashMap<(usize, Task), GroupMetrics>,
     /// The transcription model, from the first transcription worker's handshake.
     pub(super) model: Option<ModelInfo>,
     pub(super) mps_started: Vec<(u32, mps::MpsDirs)>,
@@ -128,6 +119,7 @@ pub(super) struct State {
 
 pub(super) struct Shared {
     pub(super) config: FleetConfig,
+    pub(super) metrics: FleetMetrics,
     pub(super) state: Mutex<State>,
     pub(super) changed: Condvar,
     pub(super) mps: Arc<dyn MpsControl>,
