@@ -74,9 +74,16 @@ pub type HistogramFamily<S> = Family<S, Histogram, Buckets>;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{encode, Registry};
+    use crate::{assert_lines, encode, Metric, Registry};
 
     const BOUNDS: [f64; 3] = [0.001, 0.0025, 2.0];
+
+    /// The text of a registry with only `metric`, as `name`.
+    fn alone(name: &str, metric: impl Metric) -> String {
+        let mut registry = Registry::default();
+        registry.register(name, "Help", metric);
+        encode(&registry)
+    }
 
     #[test]
     fn non_finite_observations_are_dropped() {
@@ -85,21 +92,16 @@ mod tests {
         h.observe(f64::INFINITY);
         h.observe(0.002);
         assert_eq!((h.count(), h.sum()), (1, 0.002));
-        let mut registry = Registry::default();
-        registry.register("x_seconds", "X", h);
-        let text = encode(&registry);
-        for line in [
-            "x_seconds_bucket{le=\"0.001\"} 0",
-            "x_seconds_bucket{le=\"0.0025\"} 1",
-            "x_seconds_bucket{le=\"2\"} 1",
-            "x_seconds_bucket{le=\"+Inf\"} 1",
-            "x_seconds_count 1",
-        ] {
-            assert!(
-                text.lines().any(|l| l == line),
-                "missing `{line}` in\n{text}"
-            );
-        }
+        assert_lines(
+            &alone("x_seconds", h),
+            &[
+                "x_seconds_bucket{le=\"0.001\"} 0",
+                "x_seconds_bucket{le=\"0.0025\"} 1",
+                "x_seconds_bucket{le=\"2\"} 1",
+                "x_seconds_bucket{le=\"+Inf\"} 1",
+                "x_seconds_count 1",
+            ],
+        );
     }
 
     #[test]
@@ -108,18 +110,12 @@ mod tests {
             Buckets(&BOUNDS),
         );
         family.get_or_create(&[("stage", "fetch")]).observe(1.5);
-        let mut registry = Registry::default();
-        registry.register("stage_seconds", "Stage latency", family);
-        let text = encode(&registry);
-        assert!(
-            text.lines()
-                .any(|l| l == "stage_seconds_bucket{stage=\"fetch\",le=\"2\"} 1"),
-            "{text}"
-        );
-        assert!(
-            text.lines()
-                .any(|l| l == "stage_seconds_sum{stage=\"fetch\"} 1.5"),
-            "{text}"
+        assert_lines(
+            &alone("stage_seconds", family),
+            &[
+                "stage_seconds_bucket{stage=\"fetch\",le=\"2\"} 1",
+                "stage_seconds_sum{stage=\"fetch\"} 1.5",
+            ],
         );
     }
 }

@@ -21,7 +21,7 @@ pub use http::{serve, Endpoints, Health};
 pub use prometheus_client::metrics::counter::Counter;
 pub use prometheus_client::metrics::family::Family;
 pub use prometheus_client::metrics::gauge::Gauge;
-pub use prometheus_client::registry::Registry;
+pub use prometheus_client::registry::{Metric, Registry};
 
 /// A counter of a fractional quantity (seconds of audio).
 pub type FloatCounter = Counter<f64, std::sync::atomic::AtomicU64>;
@@ -36,6 +36,18 @@ pub enum TelemetryError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+}
+
+/// Registers a clone of `metric` under `name` and hands `metric` back: clones share their
+/// values, so the caller records into what the registry shows.
+pub fn register<M: Metric + Clone>(
+    registry: &mut Registry,
+    name: &str,
+    help: &str,
+    metric: M,
+) -> M {
+    registry.register(name, help, metric.clone());
+    metric
 }
 
 /// The registry's metrics as Prometheus text.
@@ -54,6 +66,17 @@ pub fn gauge_value(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+/// Fails unless every line is one of `text`'s lines.
+#[cfg(test)]
+pub(crate) fn assert_lines(text: &str, lines: &[&str]) {
+    for line in lines {
+        assert!(
+            text.lines().any(|l| l == *line),
+            "missing `{line}` in\n{text}"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -62,28 +85,30 @@ mod tests {
     fn names_help_and_values_come_out_as_prometheus_text() {
         let mut registry = Registry::default();
         let jobs = Family::<[(&'static str, &'static str); 1], Counter>::default();
-        registry.register("app_jobs", "Jobs finished, by outcome", jobs.clone());
+        let jobs = register(&mut registry, "app_jobs", "Jobs finished, by outcome", jobs);
         let audio = FloatCounter::default();
-        registry.register("app_audio_seconds", "Audio transcribed", audio.clone());
-        let waiting: Gauge = Gauge::default();
-        registry.register("app_waiting", "Waiting requests", waiting.clone());
+        let audio = register(
+            &mut registry,
+            "app_audio_seconds",
+            "Audio transcribed",
+            audio,
+        );
+        let waiting: Gauge = register(&mut registry, "app_waiting", "Waiting", Gauge::default());
         jobs.get_or_create(&[("outcome", "done")]).inc();
         audio.inc_by(2.5);
         waiting.set(gauge_value(3));
         let text = encode(&registry);
-        for line in [
-            "# HELP app_jobs_total Jobs finished, by outcome.",
-            "# TYPE app_jobs_total counter",
-            "app_jobs_total{outcome=\"done\"} 1",
-            "app_audio_seconds_total 2.5",
-            "# TYPE app_waiting gauge",
-            "app_waiting 3",
-        ] {
-            assert!(
-                text.lines().any(|l| l == line),
-                "missing `{line}` in\n{text}"
-            );
-        }
+        assert_lines(
+            &text,
+            &[
+                "# HELP app_jobs_total Jobs finished, by outcome.",
+                "# TYPE app_jobs_total counter",
+                "app_jobs_total{outcome=\"done\"} 1",
+                "app_audio_seconds_total 2.5",
+                "# TYPE app_waiting gauge",
+                "app_waiting 3",
+            ],
+        );
         assert!(!text.contains("# EOF"), "{text}");
     }
 }

@@ -5,7 +5,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use telemetry::{Buckets, Counter, Family, FloatCounter, Health, Histogram, HistogramFamily};
+use telemetry::{
+    register, Buckets, Counter, Family, FloatCounter, Health, Histogram, HistogramFamily,
+};
 use tokio_util::sync::CancellationToken;
 
 use super::{MetricEvent, Metrics, Stage};
@@ -39,7 +41,7 @@ pub struct Registry {
 
 impl Default for Registry {
     fn default() -> Self {
-        let mut registry = telemetry::Registry::default();
+        let mut r = telemetry::Registry::default();
         let stage_seconds =
             HistogramFamily::<Label>::new_with_constructor(Buckets(&SECONDS_BUCKETS));
         let stages = Stage::ALL
@@ -51,52 +53,51 @@ impl Default for Registry {
                 )
             })
             .collect();
-        registry.register(
+        r.register(
             "dispatcher_stage_seconds",
             "Latency of each pipeline stage",
             stage_seconds,
         );
-        let message_age = Histogram::new(&SECONDS_BUCKETS);
-        registry.register(
-            "dispatcher_message_age_seconds",
-            "Time from send to receive",
-            message_age.clone(),
-        );
-        let rtfx = Histogram::new(&RTFX_BUCKETS);
-        registry.register(
-            "dispatcher_rtfx",
-            "Audio seconds per inference second, per job",
-            rtfx.clone(),
-        );
-        let audio_seconds = FloatCounter::default();
-        registry.register(
-            "dispatcher_audio_seconds",
-            "Audio transcribed",
-            audio_seconds.clone(),
-        );
-        let jobs = Family::default();
-        registry.register("dispatcher_jobs", "Jobs finished, by outcome", jobs.clone());
-        let failures = Family::default();
-        registry.register(
-            "dispatcher_failures",
-            "Permanent job failures, by reason",
-            failures.clone(),
-        );
-        let dropped = Counter::default();
-        registry.register(
-            "dispatcher_metrics_dropped",
-            "Metric events dropped",
-            dropped.clone(),
-        );
+        // Fields initialise in this order: the registry lists its metrics in it.
         Self {
-            registry,
             stages,
-            message_age,
-            rtfx,
-            audio_seconds,
-            jobs,
-            failures,
-            dropped,
+            message_age: register(
+                &mut r,
+                "dispatcher_message_age_seconds",
+                "Time from send to receive",
+                Histogram::new(&SECONDS_BUCKETS),
+            ),
+            rtfx: register(
+                &mut r,
+                "dispatcher_rtfx",
+                "Audio seconds per inference second, per job",
+                Histogram::new(&RTFX_BUCKETS),
+            ),
+            audio_seconds: register(
+                &mut r,
+                "dispatcher_audio_seconds",
+                "Audio transcribed",
+                FloatCounter::default(),
+            ),
+            jobs: register(
+                &mut r,
+                "dispatcher_jobs",
+                "Jobs finished, by outcome",
+                Family::default(),
+            ),
+            failures: register(
+                &mut r,
+                "dispatcher_failures",
+                "Permanent job failures, by reason",
+                Family::default(),
+            ),
+            dropped: register(
+                &mut r,
+                "dispatcher_metrics_dropped",
+                "Metric events dropped",
+                Counter::default(),
+            ),
+            registry: r,
         }
     }
 }

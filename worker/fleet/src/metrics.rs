@@ -4,7 +4,9 @@
 //! answer carries its batch's sequence number, and a batch is counted once, on its first
 //! answer seen. Worker gauges are set from the supervisor's state at each render.
 
-use telemetry::{gauge_value, Buckets, Counter, Family, Gauge, HistogramFamily, Registry};
+use telemetry::{
+    gauge_value, register, Buckets, Counter, Family, Gauge, HistogramFamily, Registry,
+};
 use worker_protocol::{Task, Timings};
 
 use crate::events::RestartCause;
@@ -86,79 +88,71 @@ pub(crate) struct FleetMetrics {
 
 impl Default for FleetMetrics {
     fn default() -> Self {
-        let mut registry = Registry::default();
-        let waiting = Gauge::default();
-        registry.register(
-            "fleet_waiting_requests",
-            "Requests in the supervisor waiting for a worker with room",
-            waiting.clone(),
-        );
-        let queue_depth = Family::default();
-        registry.register(
-            "fleet_worker_queue_depth",
-            "Requests queued inside each worker for a batch (last health report)",
-            queue_depth.clone(),
-        );
-        let outstanding = Family::default();
-        registry.register(
-            "fleet_worker_outstanding_requests",
-            "Requests sent to each worker and not yet answered",
-            outstanding.clone(),
-        );
-        let ready = Family::default();
-        registry.register(
-            "fleet_worker_ready",
-            "1 while the worker is handshaken and serving",
-            ready.clone(),
-        );
-        let batch_size = HistogramFamily::new_with_constructor(Buckets(&BATCH_SIZE_BUCKETS));
-        registry.register(
-            "fleet_batch_size",
-            "Requests per batch run by the workers",
-            batch_size.clone(),
-        );
-        let batch_seconds = HistogramFamily::new_with_constructor(Buckets(&SECONDS_BUCKETS));
-        registry.register(
-            "fleet_batch_seconds",
-            "Engine time of one batch",
-            batch_seconds.clone(),
-        );
-        let queue_wait_seconds = HistogramFamily::new_with_constructor(Buckets(&SECONDS_BUCKETS));
-        registry.register(
-            "fleet_queue_wait_seconds",
-            "Time a request waited inside its worker before its batch started",
-            queue_wait_seconds.clone(),
-        );
-        let batch_frames = Family::default();
-        registry.register(
-            "fleet_batch_frames",
-            "Feature frames of the batched requests themselves",
-            batch_frames.clone(),
-        );
-        let padding_frames = Family::default();
-        registry.register(
-            "fleet_padding_frames",
-            "Frames computed only as padding (padded batch frames minus real frames)",
-            padding_frames.clone(),
-        );
-        let restarts = Family::default();
-        registry.register(
-            "fleet_restarts",
-            "Worker restarts by cause",
-            restarts.clone(),
-        );
+        let mut r = Registry::default();
+        let seconds = Buckets(&SECONDS_BUCKETS);
+        // Fields initialise in this order: the registry lists its metrics in it.
         Self {
-            registry,
-            waiting,
-            queue_depth,
-            outstanding,
-            ready,
-            batch_size,
-            batch_seconds,
-            queue_wait_seconds,
-            batch_frames,
-            padding_frames,
-            restarts,
+            waiting: register(
+                &mut r,
+                "fleet_waiting_requests",
+                "Requests in the supervisor waiting for a worker with room",
+                Gauge::default(),
+            ),
+            queue_depth: register(
+                &mut r,
+                "fleet_worker_queue_depth",
+                "Requests queued inside each worker for a batch (last health report)",
+                Family::default(),
+            ),
+            outstanding: register(
+                &mut r,
+                "fleet_worker_outstanding_requests",
+                "Requests sent to each worker and not yet answered",
+                Family::default(),
+            ),
+            ready: register(
+                &mut r,
+                "fleet_worker_ready",
+                "1 while the worker is handshaken and serving",
+                Family::default(),
+            ),
+            batch_size: register(
+                &mut r,
+                "fleet_batch_size",
+                "Requests per batch run by the workers",
+                HistogramFamily::new_with_constructor(Buckets(&BATCH_SIZE_BUCKETS)),
+            ),
+            batch_seconds: register(
+                &mut r,
+                "fleet_batch_seconds",
+                "Engine time of one batch",
+                HistogramFamily::new_with_constructor(seconds),
+            ),
+            queue_wait_seconds: register(
+                &mut r,
+                "fleet_queue_wait_seconds",
+                "Time a request waited inside its worker before its batch started",
+                HistogramFamily::new_with_constructor(seconds),
+            ),
+            batch_frames: register(
+                &mut r,
+                "fleet_batch_frames",
+                "Feature frames of the batched requests themselves",
+                Family::default(),
+            ),
+            padding_frames: register(
+                &mut r,
+                "fleet_padding_frames",
+                "Frames computed only as padding (padded batch frames minus real frames)",
+                Family::default(),
+            ),
+            restarts: register(
+                &mut r,
+                "fleet_restarts",
+                "Worker restarts by cause",
+                Family::default(),
+            ),
+            registry: r,
         }
     }
 }
