@@ -78,7 +78,7 @@ fn a_fleet_with_both_pools_diarizes_and_transcribes() -> Result<()> {
     for line in [
         "fleet_worker_ready{group=\"cpu\",task=\"diarize\",slot=\"2\"} 1",
         "fleet_batch_size_count{group=\"cpu\",task=\"diarize\"} 4",
-        "fleet_batch_size_sum{group=\"cpu\",task=\"diarize\"} 4",
+        "fleet_batch_size_sum{group=\"cpu\",task=\"diarize\"} 4.0",
     ] {
         ensure!(
             metrics.lines().any(|l| l == line),

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -333,11 +334,19 @@ impl Consumer {
     }
 }
 
-/// Exponential in the attempt number, capped, with up to 50 % jitter (so retries spread).
+/// Exponential in the attempt number (2^attempt s), capped, less up to 50 % jitter (so retries
+/// spread): backon's jitter adds up to 100 % to its delay, so its delays are half of those.
 fn backoff_delay(attempt: u32, cap: Duration) -> Duration {
-    let base = Duration::from_secs(1u64 << attempt.min(16)).min(cap);
-    let jitter = (uuid::Uuid::new_v4().as_u128() % 1000) as f64 / 1000.0;
-    base.mul_f64(0.5 + 0.5 * jitter)
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(500).min(cap / 2))
+        .with_max_delay(cap / 2)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .build()
+        // Capped long before: 2^16 s is over 18 hours.
+        .nth(attempt.min(16) as usize)
+        .unwrap_or(cap)
 }
 
 /// Convenience for binaries: run until SIGTERM/SIGINT (or idle), draining on the way out.
@@ -373,5 +382,33 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_caps() {
+        let cap = Duration::from_secs(30);
+        // (attempt, full delay in seconds): the delay is between half of it and all of it.
+        for (attempt, secs) in [
+            (0, 1),
+            (1, 2),
+            (2, 4),
+            (3, 8),
+            (4, 16),
+            (5, 30),
+            (u32::MAX, 30),
+        ] {
+            let full = Duration::from_secs(secs);
+            for _ in 0..20 {
+                let d = backoff_delay(attempt, cap);
+                assert!(d >= full / 2 && d <= full, "attempt {attempt}: {d:?}");
+            }
+        }
+        let small = Duration::from_millis(400);
+        assert!(backoff_delay(0, small) <= small);
     }
 }

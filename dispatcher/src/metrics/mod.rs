@@ -3,7 +3,6 @@
 //! Prometheus registry and batches them for CloudWatch.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -147,7 +146,8 @@ pub trait MetricsSource: Send + Sync {
 #[derive(Clone)]
 pub struct Metrics {
     tx: mpsc::Sender<MetricEvent>,
-    dropped: Arc<AtomicU64>,
+    /// The registry's `dispatcher_metrics_dropped_total`.
+    dropped: telemetry::Counter,
     registry: Arc<Mutex<Registry>>,
     sources: Arc<Mutex<Vec<Arc<dyn MetricsSource>>>>,
 }
@@ -156,10 +156,11 @@ impl Metrics {
     /// A handle plus the receiving end for [`run_aggregator`].
     pub fn new(capacity: usize) -> (Self, mpsc::Receiver<MetricEvent>) {
         let (tx, rx) = mpsc::channel(capacity.max(1));
+        let registry = Registry::default();
         let metrics = Self {
             tx,
-            dropped: Arc::new(AtomicU64::new(0)),
-            registry: Arc::new(Mutex::new(Registry::default())),
+            dropped: registry.dropped.clone(),
+            registry: Arc::new(Mutex::new(registry)),
             sources: Arc::new(Mutex::new(Vec::new())),
         };
         (metrics, rx)
@@ -168,18 +169,18 @@ impl Metrics {
     /// Never blocks: a full channel drops the event and counts the drop.
     pub fn emit(&self, event: MetricEvent) {
         if self.tx.try_send(event).is_err() {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+            self.dropped.inc();
         }
     }
 
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.dropped.get()
     }
 
     /// Prometheus text exposition of everything aggregated so far, then each source's.
     pub fn render_prometheus(&self) -> String {
         let registry = self.registry.lock().unwrap_or_else(|p| p.into_inner());
-        let mut text = registry.render(self.dropped());
+        let mut text = registry.render();
         for source in self.sources() {
             text.push_str(&source.render_prometheus());
         }
@@ -282,7 +283,7 @@ async fn flush(metrics: &Metrics, sink: Option<&dyn Sink>, pending: &mut Vec<Dat
         let n = batch.len() as u64;
         if let Err(e) = sink.publish(batch).await {
             tracing::warn!(error = %e, datums = n, "metrics: publishing failed; data points dropped");
-            metrics.dropped.fetch_add(n, Ordering::Relaxed);
+            metrics.dropped.inc_by(n);
         }
     }
 }

@@ -1,14 +1,13 @@
-//! Prometheus text exposition, served with `/health` on a small HTTP listener.
+//! The dispatcher's Prometheus metrics, served with `/health` by the telemetry listener.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::get;
+use telemetry::{
+    register, Buckets, Counter, Family, FloatCounter, Health, Histogram, HistogramFamily,
+};
 use tokio_util::sync::CancellationToken;
 
 use super::{MetricEvent, Metrics, Stage};
@@ -22,82 +21,83 @@ const RTFX_BUCKETS: [f64; 10] = [
     1.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0,
 ];
 
-#[derive(Debug, Clone)]
-struct Histogram {
-    bounds: &'static [f64],
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
-}
-
-impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
-        Self {
-            bounds,
-            counts: vec![0; bounds.len()],
-            sum: 0.0,
-            count: 0,
-        }
-    }
-
-    fn observe(&mut self, value: f64) {
-        if !value.is_finite() {
-            return;
-        }
-        for (bound, count) in self.bounds.iter().zip(self.counts.iter_mut()) {
-            if value <= *bound {
-                *count += 1;
-            }
-        }
-        self.sum += value;
-        self.count += 1;
-    }
-
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let sep = if labels.is_empty() { "" } else { "," };
-        for (bound, count) in self.bounds.iter().zip(&self.counts) {
-            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {count}");
-        }
-        let _ = writeln!(
-            out,
-            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}",
-            self.count
-        );
-        let braces = |l: &str| {
-            if l.is_empty() {
-                String::new()
-            } else {
-                format!("{{{l}}}")
-            }
-        };
-        let _ = writeln!(out, "{name}_sum{} {}", braces(labels), self.sum);
-        let _ = writeln!(out, "{name}_count{} {}", braces(labels), self.count);
-    }
-}
+/// One label: `stage`, `outcome` or `reason`, with a value from the code.
+type Label = [(&'static str, &'static str); 1];
 
 /// Everything the aggregator has seen.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Registry {
+    registry: telemetry::Registry,
+    /// Every stage's histogram (all shown from the start), by stage.
     stages: BTreeMap<Stage, Histogram>,
     message_age: Histogram,
     rtfx: Histogram,
-    audio_seconds_total: f64,
-    jobs: BTreeMap<&'static str, u64>,
-    failures: BTreeMap<&'static str, u64>,
+    audio_seconds: FloatCounter,
+    jobs: Family<Label, Counter>,
+    failures: Family<Label, Counter>,
+    /// Shared with [`Metrics`], which counts the events it drops.
+    pub(super) dropped: Counter,
 }
 
 impl Default for Registry {
     fn default() -> Self {
+        let mut r = telemetry::Registry::default();
+        let stage_seconds =
+            HistogramFamily::<Label>::new_with_constructor(Buckets(&SECONDS_BUCKETS));
+        let stages = Stage::ALL
+            .iter()
+            .map(|s| {
+                (
+                    *s,
+                    stage_seconds.get_or_create_owned(&[("stage", s.label())]),
+                )
+            })
+            .collect();
+        r.register(
+            "dispatcher_stage_seconds",
+            "Latency of each pipeline stage",
+            stage_seconds,
+        );
+        // Fields initialise in this order: the registry lists its metrics in it.
         Self {
-            stages: Stage::ALL
-                .iter()
-                .map(|s| (*s, Histogram::new(&SECONDS_BUCKETS)))
-                .collect(),
-            message_age: Histogram::new(&SECONDS_BUCKETS),
-            rtfx: Histogram::new(&RTFX_BUCKETS),
-            audio_seconds_total: 0.0,
-            jobs: BTreeMap::new(),
-            failures: BTreeMap::new(),
+            stages,
+            message_age: register(
+                &mut r,
+                "dispatcher_message_age_seconds",
+                "Time from send to receive",
+                Histogram::new(&SECONDS_BUCKETS),
+            ),
+            rtfx: register(
+                &mut r,
+                "dispatcher_rtfx",
+                "Audio seconds per inference second, per job",
+                Histogram::new(&RTFX_BUCKETS),
+            ),
+            audio_seconds: register(
+                &mut r,
+                "dispatcher_audio_seconds",
+                "Audio transcribed",
+                FloatCounter::default(),
+            ),
+            jobs: register(
+                &mut r,
+                "dispatcher_jobs",
+                "Jobs finished, by outcome",
+                Family::default(),
+            ),
+            failures: register(
+                &mut r,
+                "dispatcher_failures",
+                "Permanent job failures, by reason",
+                Family::default(),
+            ),
+            dropped: register(
+                &mut r,
+                "dispatcher_metrics_dropped",
+                "Metric events dropped",
+                Counter::default(),
+            ),
+            registry: r,
         }
     }
 }
@@ -106,16 +106,22 @@ impl Registry {
     pub fn record(&mut self, event: &MetricEvent) {
         match *event {
             MetricEvent::StageSeconds { stage, seconds } => {
-                if let Some(h) = self.stages.get_mut(&stage) {
+                if let Some(h) = self.stages.get(&stage) {
                     h.observe(seconds);
                 }
             }
-            MetricEvent::AudioSeconds(s) if s.is_finite() => self.audio_seconds_total += s,
+            MetricEvent::AudioSeconds(s) if s.is_finite() => {
+                self.audio_seconds.inc_by(s);
+            }
             MetricEvent::AudioSeconds(_) => {}
             MetricEvent::Rtfx(x) => self.rtfx.observe(x),
             MetricEvent::MessageAgeSeconds(s) => self.message_age.observe(s),
-            MetricEvent::JobFinished { outcome } => *self.jobs.entry(outcome).or_default() += 1,
-            MetricEvent::Failure { reason } => *self.failures.entry(reason).or_default() += 1,
+            MetricEvent::JobFinished { outcome } => {
+                self.jobs.get_or_create(&[("outcome", outcome)]).inc();
+            }
+            MetricEvent::Failure { reason } => {
+                self.failures.get_or_create(&[("reason", reason)]).inc();
+            }
         }
     }
 
@@ -123,63 +129,29 @@ impl Registry {
     pub fn stage_totals(&self) -> Vec<(Stage, u64, f64)> {
         self.stages
             .iter()
-            .map(|(stage, h)| (*stage, h.count, h.sum))
+            .map(|(stage, h)| (*stage, h.count(), h.sum()))
             .collect()
     }
 
     /// Audio seconds of every job that finished inference.
     pub fn audio_seconds_total(&self) -> f64 {
-        self.audio_seconds_total
+        self.audio_seconds.get()
     }
 
-    pub fn jobs(&self, outcome: &str) -> u64 {
-        self.jobs.get(outcome).copied().unwrap_or(0)
+    pub fn jobs(&self, outcome: &'static str) -> u64 {
+        self.jobs
+            .get(&[("outcome", outcome)])
+            .map_or(0, |c| c.get())
     }
 
-    pub fn render(&self, dropped: u64) -> String {
-        let mut out = String::new();
-        out.push_str("# HELP dispatcher_stage_seconds Latency of each pipeline stage.\n");
-        out.push_str("# TYPE dispatcher_stage_seconds histogram\n");
-        for (stage, h) in &self.stages {
-            h.render(
-                &mut out,
-                "dispatcher_stage_seconds",
-                &format!("stage=\"{}\"", stage.label()),
-            );
-        }
-        out.push_str("# HELP dispatcher_message_age_seconds Time from send to receive.\n");
-        out.push_str("# TYPE dispatcher_message_age_seconds histogram\n");
-        self.message_age
-            .render(&mut out, "dispatcher_message_age_seconds", "");
-        out.push_str("# HELP dispatcher_rtfx Audio seconds per inference second, per job.\n");
-        out.push_str("# TYPE dispatcher_rtfx histogram\n");
-        self.rtfx.render(&mut out, "dispatcher_rtfx", "");
-        out.push_str("# HELP dispatcher_audio_seconds_total Audio transcribed.\n");
-        out.push_str("# TYPE dispatcher_audio_seconds_total counter\n");
-        let _ = writeln!(
-            out,
-            "dispatcher_audio_seconds_total {}",
-            self.audio_seconds_total
-        );
-        out.push_str("# HELP dispatcher_jobs_total Jobs finished, by outcome.\n");
-        out.push_str("# TYPE dispatcher_jobs_total counter\n");
-        for (outcome, n) in &self.jobs {
-            let _ = writeln!(out, "dispatcher_jobs_total{{outcome=\"{outcome}\"}} {n}");
-        }
-        out.push_str("# HELP dispatcher_failures_total Permanent job failures, by reason.\n");
-        out.push_str("# TYPE dispatcher_failures_total counter\n");
-        for (reason, n) in &self.failures {
-            let _ = writeln!(out, "dispatcher_failures_total{{reason=\"{reason}\"}} {n}");
-        }
-        out.push_str("# HELP dispatcher_metrics_dropped_total Metric events dropped.\n");
-        out.push_str("# TYPE dispatcher_metrics_dropped_total counter\n");
-        let _ = writeln!(out, "dispatcher_metrics_dropped_total {dropped}");
-        out
+    /// Prometheus text of everything recorded, dropped events included.
+    pub fn render(&self) -> String {
+        telemetry::encode(&self.registry)
     }
 }
 
-#[derive(Clone)]
-struct HttpState {
+/// What the listener asks: the metrics, and whether this dispatcher takes work.
+struct Endpoints {
     metrics: Metrics,
     healthy: Arc<AtomicBool>,
 }
@@ -192,62 +164,40 @@ pub async fn serve(
     healthy: Arc<AtomicBool>,
     stop: CancellationToken,
 ) -> Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(listen)
+    let endpoints = Arc::new(Endpoints { metrics, healthy });
+    telemetry::serve(listen, endpoints, stop.cancelled_owned())
         .await
-        .map_err(|e| DispatchError::Config(format!("metrics listener on {listen}: {e}")))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| DispatchError::Config(format!("metrics listener: {e}")))?;
-    let app = axum::Router::new()
-        .route("/metrics", get(metrics_handler))
-        .route("/health", get(health_handler))
-        .with_state(HttpState { metrics, healthy });
-    tokio::spawn(async move {
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await;
-        if let Err(e) = served {
-            tracing::warn!(error = %e, "metrics endpoint stopped");
+        .map_err(|e| DispatchError::Config(e.to_string()))
+}
+
+impl telemetry::Endpoints for Endpoints {
+    fn metrics(&self) -> String {
+        self.metrics.render_prometheus()
+    }
+
+    /// `ok` / `draining` as text; with sources (the worker fleet), JSON with each source's
+    /// state, and 503 also while a source cannot work.
+    fn health(&self) -> Health {
+        let taking_work = self.healthy.load(Ordering::Relaxed);
+        let sources = self.metrics.sources();
+        if sources.is_empty() {
+            return Health::text(taking_work, if taking_work { "ok\n" } else { "draining\n" });
         }
-    });
-    Ok(addr)
-}
-
-async fn metrics_handler(State(state): State<HttpState>) -> (StatusCode, String) {
-    (StatusCode::OK, state.metrics.render_prometheus())
-}
-
-/// `ok` / `draining` as text; with sources (the worker fleet), JSON with each source's state,
-/// and 503 also while a source cannot work.
-async fn health_handler(State(state): State<HttpState>) -> (StatusCode, String) {
-    let taking_work = state.healthy.load(Ordering::Relaxed);
-    let sources = state.metrics.sources();
-    if sources.is_empty() {
-        return if taking_work {
-            (StatusCode::OK, "ok\n".into())
-        } else {
-            (StatusCode::SERVICE_UNAVAILABLE, "draining\n".into())
+        let mut body = serde_json::Map::new();
+        let mut all_ready = true;
+        for source in sources {
+            let (ready, value) = source.health();
+            all_ready &= ready;
+            body.insert(source.name().into(), value);
+        }
+        let status = match (taking_work, all_ready) {
+            (false, _) => "draining",
+            (true, false) => "unavailable",
+            (true, true) => "ok",
         };
+        body.insert("status".into(), status.into());
+        Health::json(status == "ok", &body)
     }
-    let mut body = serde_json::Map::new();
-    let mut all_ready = true;
-    for source in sources {
-        let (ready, value) = source.health();
-        all_ready &= ready;
-        body.insert(source.name().into(), value);
-    }
-    let status = match (taking_work, all_ready) {
-        (false, _) => "draining",
-        (true, false) => "unavailable",
-        (true, true) => "ok",
-    };
-    body.insert("status".into(), status.into());
-    let code = if status == "ok" {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    };
-    (code, serde_json::Value::Object(body).to_string() + "\n")
 }
 
 #[cfg(test)]
@@ -265,7 +215,8 @@ mod tests {
             reason: "too_short",
         });
         r.record(&MetricEvent::Rtfx(f64::NAN));
-        let text = r.render(4);
+        r.dropped.inc_by(4);
+        let text = r.render();
         assert!(text.contains("dispatcher_stage_seconds_bucket{stage=\"fetch\",le=\"0.25\"} 1"));
         assert!(text.contains("dispatcher_stage_seconds_bucket{stage=\"fetch\",le=\"0.1\"} 0"));
         assert!(text.contains("dispatcher_failures_total{reason=\"too_short\"} 1"));

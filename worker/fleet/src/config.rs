@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBuilder};
+
 use crate::mps::MpsConfig;
 
 #[derive(Debug, Clone)]
@@ -126,12 +128,13 @@ pub struct GroupConfig {
     pub mps: Option<MpsConfig>,
 }
 
-/// Exponential restart delay: `initial × factor^(failures-1)`, capped at `max`.
+/// Exponential restart delay: `initial × factor^(failures-1)`, capped at `max`; no jitter
+/// (backon's exponential backoff).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Backoff {
     pub initial: Duration,
     pub max: Duration,
-    pub factor: u32,
+    pub factor: f32,
 }
 
 impl Default for Backoff {
@@ -139,7 +142,7 @@ impl Default for Backoff {
         Self {
             initial: Duration::from_millis(200),
             max: Duration::from_secs(30),
-            factor: 2,
+            factor: 2.0,
         }
     }
 }
@@ -147,11 +150,20 @@ impl Default for Backoff {
 impl Backoff {
     /// Delay before restart after `failures` consecutive failures (0: start now).
     pub fn delay(&self, failures: u32) -> Duration {
-        if failures == 0 {
+        let Some(n) = failures.checked_sub(1) else {
             return Duration::ZERO;
-        }
-        let exp = self.factor.saturating_pow(failures - 1);
-        self.initial.saturating_mul(exp).min(self.max)
+        };
+        let delays = ExponentialBuilder::default()
+            .with_min_delay(self.initial)
+            .with_max_delay(self.max)
+            .with_factor(self.factor)
+            .without_max_times()
+            .build();
+        // The nth delay, but the delays stay at `max` once there: stop walking then.
+        (0..=n)
+            .zip(delays)
+            .find_map(|(i, d)| (i == n || d >= self.max).then_some(d))
+            .map_or(self.max, |d| d.min(self.max))
     }
 }
 
@@ -164,7 +176,7 @@ mod tests {
         let b = Backoff {
             initial: Duration::from_millis(100),
             max: Duration::from_secs(1),
-            factor: 2,
+            factor: 2.0,
         };
         let ms: Vec<u128> = (0..7).map(|f| b.delay(f).as_millis()).collect();
         assert_eq!(ms, vec![0, 100, 200, 400, 800, 1000, 1000]);

@@ -4,8 +4,6 @@
 use serde::Serialize;
 use worker_protocol::{DeviceReport, Task};
 
-use crate::fleet::RestartCause;
-
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum FleetEvent {
@@ -64,6 +62,43 @@ pub enum FleetEvent {
     },
     /// Every worker is stopped.
     Stopped,
+}
+
+/// Why a worker was restarted (events, `/health`, the `fleet_restarts_total` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RestartCause {
+    /// The process exited or its connection broke.
+    Crashed,
+    /// No answer to a request or a health ping in time (e.g. SIGSTOP, a hung kernel).
+    Stuck,
+    /// The worker reported itself wedged.
+    Wedged,
+    /// Restarted because another worker of its MPS group failed.
+    Group,
+    /// Did not become ready within the startup timeout.
+    StartFailed,
+}
+
+impl RestartCause {
+    pub const ALL: [Self; 5] = [
+        Self::Crashed,
+        Self::Stuck,
+        Self::Wedged,
+        Self::Group,
+        Self::StartFailed,
+    ];
+
+    /// Metric label (the same as the JSON name).
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Crashed => "crashed",
+            Self::Stuck => "stuck",
+            Self::Wedged => "wedged",
+            Self::Group => "group",
+            Self::StartFailed => "start_failed",
+        }
+    }
 }
 
 #[cfg(test)]

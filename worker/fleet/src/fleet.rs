@@ -9,76 +9,33 @@
 //! diarization pool, its diarization workers. Each task has its own waiting queue and a request
 //! only ever goes to a worker of its task whose handshake said so.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::path::PathBuf;
+use std::collections::HashSet;
 use std::process::Child;
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use worker_protocol::{
-    DeviceReport, DiarizeResponse, ModelInfo, Task, TranscribeResponse, WorkerInfo,
-};
+use worker_protocol::{DeviceReport, DiarizeResponse, ModelInfo, Task, TranscribeResponse};
 
-use crate::client::Connection;
 use crate::config::FleetConfig;
 use crate::error::FleetError;
-use crate::events::FleetEvent;
-use crate::load_lock::LoadLock;
-use crate::metrics::GroupMetrics;
+use crate::events::{FleetEvent, RestartCause};
+use crate::metrics::FleetMetrics;
 use crate::mps::{self, MpsControl, SystemMps};
 
 mod observe;
+mod restart;
 mod routing;
+mod state;
 mod stop;
 mod supervise;
 
 use routing::dispatch;
-use stop::stop_daemons;
+use state::{Answer, Phase, Request, Shared, Slot, State};
+use stop::{stop_children, stop_daemons};
 use supervise::monitor_loop;
-
-const TICK: Duration = Duration::from_millis(20);
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
-/// Hop of the 16 kHz features: the routing cost of a request in feature frames.
-const HOP_SAMPLES: usize = 160;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RestartCause {
-    /// The process exited or its connection broke.
-    Crashed,
-    /// No answer to a request or a health ping in time (e.g. SIGSTOP, a hung kernel).
-    Stuck,
-    /// The worker reported itself wedged.
-    Wedged,
-    /// Restarted because another worker of its MPS group failed.
-    Group,
-    /// Did not become ready within the startup timeout.
-    StartFailed,
-}
-
-impl RestartCause {
-    pub const ALL: [Self; 5] = [
-        Self::Crashed,
-        Self::Stuck,
-        Self::Wedged,
-        Self::Group,
-        Self::StartFailed,
-    ];
-
-    /// Metric label (the same as the JSON name).
-    pub fn label(self) -> &'static str {
-        match self {
-            Self::Crashed => "crashed",
-            Self::Stuck => "stuck",
-            Self::Wedged => "wedged",
-            Self::Group => "group",
-            Self::StartFailed => "start_failed",
-        }
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -113,116 +70,6 @@ pub struct WorkerStatus {
     pub device: Option<DeviceReport>,
 }
 
-enum Phase {
-    Down { next_start: Instant },
-    Starting { since: Instant, _lock: LoadLock },
-    Ready,
-}
-
-struct Slot {
-    group: usize,
-    task: Task,
-    socket: PathBuf,
-    generation: u64,
-    phase: Phase,
-    child: Option<Child>,
-    conn: Option<Arc<Connection>>,
-    /// Set when the connection failed; the monitor restarts the worker for this cause.
-    broken: Option<RestartCause>,
-    outstanding: HashSet<u64>,
-    outstanding_frames: usize,
-    failures: u32,
-    restarts: u32,
-    ping: Option<(u64, Instant)>,
-    last_ping: Instant,
-    /// The current process's handshake.
-    info: Option<WorkerInfo>,
-    /// The last batch counted in the metrics (a new process starts again from 1).
-    last_batch_seq: Option<u64>,
-    queue_depth: u32,
-    last_restart: Option<RestartCause>,
-}
-
-struct Request {
-    task: Task,
-    pcm: Arc<Vec<f32>>,
-    on: Option<(usize, u64)>,
-    sent_at: Option<Instant>,
-    attempts: u32,
-    outcome: Option<Result<Answer, FleetError>>,
-    /// Signalled when `outcome` is set: only this request's caller waits on it, so an answer
-    /// wakes one thread, not every caller with a request in flight.
-    done: Arc<Condvar>,
-}
-
-impl Request {
-    /// Records the outcome and wakes the caller waiting for it.
-    fn finish(&mut self, outcome: Result<Answer, FleetError>) {
-        self.outcome = Some(outcome);
-        self.done.notify_all();
-    }
-}
-
-/// A worker's answer, of the request's task.
-enum Answer {
-    Transcribed(TranscribeResponse),
-    Diarized(DiarizeResponse),
-}
-
-/// Requests waiting for a worker, one queue per task (a full diarization pool never holds up
-/// transcription, nor the reverse).
-#[derive(Default)]
-struct Waiting {
-    transcribe: VecDeque<u64>,
-    diarize: VecDeque<u64>,
-}
-
-impl Waiting {
-    fn of(&mut self, task: Task) -> &mut VecDeque<u64> {
-        match task {
-            Task::Transcribe => &mut self.transcribe,
-            Task::Diarize => &mut self.diarize,
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.transcribe.len() + self.diarize.len()
-    }
-}
-
-/// Index of a (group, task) pair in [`State::metrics`].
-fn metrics_index(group: usize, task: Task) -> usize {
-    group * Task::ALL.len()
-        + match task {
-            Task::Transcribe => 0,
-            Task::Diarize => 1,
-        }
-}
-#[derive(Default)]
-struct State {
-    slots: Vec<Slot>,
-    requests: HashMap<u64, Request>,
-    waiting: Waiting,
-    next_id: u64,
-    shutting_down: bool,
-    /// `Stopped` was reported (shutdown runs again on drop).
-    stopped: bool,
-    restarts: HashMap<RestartCause, u64>,
-    /// Per group and task, by [`metrics_index`].
-    metrics: Vec<GroupMetrics>,
-    /// The transcription model, from the first transcription worker's handshake.
-    model: Option<ModelInfo>,
-    mps_started: Vec<(u32, mps::MpsDirs)>,
-}
-
-struct Shared {
-    config: FleetConfig,
-    state: Mutex<State>,
-    changed: Condvar,
-    mps: Arc<dyn MpsControl>,
-    events: Option<Sender<FleetEvent>>,
-}
-
 /// What a fleet runs MPS commands with and where it reports events.
 #[derive(Clone)]
 pub struct FleetHooks {
@@ -247,19 +94,6 @@ pub struct Fleet {
     monitor: Mutex<Option<JoinHandle<()>>>,
 }
 
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock would be a bug; keep serving rather than cascade.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn emit(&self, event: FleetEvent) {
-        if let Some(events) = &self.events {
-            let _ = events.send(event);
-        }
-    }
-}
-
 impl Fleet {
     /// Starts MPS daemons where configured and the monitor thread, which starts the workers.
     pub fn start(config: FleetConfig) -> Result<Self, FleetError> {
@@ -276,8 +110,17 @@ impl Fleet {
                 let _ = events.send(event);
             }
         };
+        let metrics = FleetMetrics::default();
+        // Every group's transcription figures, and its diarization ones with a pool.
+        let tasks: &[Task] = match config.diarization {
+            Some(_) => &Task::ALL,
+            None => &[Task::Transcribe],
+        };
         let mut state = State {
-            metrics: vec![GroupMetrics::default(); config.groups.len() * Task::ALL.len()],
+            metrics: (config.groups.iter().enumerate())
+                .flat_map(|(g, group)| tasks.iter().map(move |&task| (g, group, task)))
+                .map(|(g, group, task)| ((g, task), metrics.group(&group.name, task)))
+                .collect(),
             ..State::default()
         };
         for (g, group) in config.groups.iter().enumerate() {
@@ -334,6 +177,7 @@ impl Fleet {
         }
         let shared = Arc::new(Shared {
             config,
+            metrics,
             state: Mutex::new(state),
             changed: Condvar::new(),
             mps: hooks.mps,
@@ -493,6 +337,53 @@ impl Fleet {
             }
             state = done.wait(state).unwrap_or_else(|p| p.into_inner());
         }
+    }
+}
+
+impl Fleet {
+    /// Stops every worker (SIGTERM, then SIGKILL after a grace period) and MPS daemons this
+    /// fleet started. Waiting submitters get `ShuttingDown`.
+    pub fn shutdown(&self) {
+        let (children, daemons) = {
+            let mut state = self.shared.lock();
+            state.shutting_down = true;
+            for req in state.requests.values_mut() {
+                if req.outcome.is_none() {
+                    req.finish(Err(FleetError::ShuttingDown));
+                }
+            }
+            let children: Vec<Child> = state
+                .slots
+                .iter_mut()
+                .filter_map(|s| {
+                    if let Some(c) = s.conn.take() {
+                        c.close();
+                    }
+                    s.child.take()
+                })
+                .collect();
+            (children, std::mem::take(&mut state.mps_started))
+        };
+        self.shared.changed.notify_all();
+        let monitor = self
+            .monitor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(monitor) = monitor {
+            let _ = monitor.join();
+        }
+        stop_children(children, Duration::from_secs(2));
+        stop_daemons(&*self.shared.mps, &self.shared.events, daemons);
+        if !std::mem::replace(&mut self.shared.lock().stopped, true) {
+            self.shared.emit(FleetEvent::Stopped);
+        }
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        self.shutdown();
     }
 }
 

@@ -31,8 +31,8 @@ mod transcriber;
 
 pub use config::{Backoff, DiarizationPool, FleetConfig, GroupConfig};
 pub use error::FleetError;
-pub use events::FleetEvent;
-pub use fleet::{Fleet, FleetHooks, RestartCause, WorkerPhase, WorkerStatus};
+pub use events::{FleetEvent, RestartCause};
+pub use fleet::{Fleet, FleetHooks, WorkerPhase, WorkerStatus};
 pub use health::{FleetHealth, GroupHealth};
 pub use load_lock::LoadLock;
 pub use options::{gpu_groups, FleetOptions};

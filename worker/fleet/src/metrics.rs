@@ -1,16 +1,15 @@
-//! Fleet metrics in the Prometheus text format, rendered by hand like the dispatcher's
-//! (`dispatcher/src/metrics/prometheus.rs`): one small histogram type, no metrics framework.
+//! Fleet metrics on the shared `telemetry` crate.
 //!
 //! Per-batch figures come from the workers' answers ([`worker_protocol::Timings`]): every
 //! answer carries its batch's sequence number, and a batch is counted once, on its first
-//! answer seen.
+//! answer seen. Worker gauges are set from the supervisor's state at each render.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-
+use telemetry::{
+    gauge_value, register, Buckets, Counter, Family, Gauge, HistogramFamily, Registry,
+};
 use worker_protocol::{Task, Timings};
 
-use crate::fleet::RestartCause;
+use crate::events::RestartCause;
 
 const BATCH_SIZE_BUCKETS: [f64; 8] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0];
 /// Seconds: a short batch on a GPU to a long CPU batch.
@@ -18,86 +17,44 @@ const SECONDS_BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-#[derive(Debug, Clone)]
-pub(crate) struct Histogram {
-    bounds: &'static [f64],
-    counts: Vec<u64>,
-    sum: f64,
-    count: u64,
+/// `group`, `task`.
+type GroupLabels = [(&'static str, String); 2];
+/// `group`, `task` and `slot`, or `group`, `task` and `cause`.
+type ThreeLabels = [(&'static str, String); 3];
+
+fn group_labels(group: &str, task: Task) -> GroupLabels {
+    [("group", group.into()), ("task", task.label().into())]
 }
 
-impl Histogram {
-    pub(crate) fn new(bounds: &'static [f64]) -> Self {
-        Self {
-            bounds,
-            counts: vec![0; bounds.len()],
-            sum: 0.0,
-            count: 0,
-        }
-    }
-
-    pub(crate) fn observe(&mut self, value: f64) {
-        if !value.is_finite() {
-            return;
-        }
-        for (bound, count) in self.bounds.iter().zip(self.counts.iter_mut()) {
-            if value <= *bound {
-                *count += 1;
-            }
-        }
-        self.sum += value;
-        self.count += 1;
-    }
-
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        for (bound, count) in self.bounds.iter().zip(&self.counts) {
-            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {count}");
-        }
-        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {}", self.count);
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum);
-        let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count);
-    }
-}
-
-/// Batch figures of one group.
+/// Batch figures of one group and task: handles into the fleet's metric families.
 #[derive(Debug, Clone)]
 pub(crate) struct GroupMetrics {
-    batch_size: Histogram,
-    batch_seconds: Histogram,
-    queue_wait_seconds: Histogram,
-    batch_frames: u64,
-    padded_frames: u64,
-    restarts: BTreeMap<&'static str, u64>,
-}
-
-impl Default for GroupMetrics {
-    fn default() -> Self {
-        Self {
-            batch_size: Histogram::new(&BATCH_SIZE_BUCKETS),
-            batch_seconds: Histogram::new(&SECONDS_BUCKETS),
-            queue_wait_seconds: Histogram::new(&SECONDS_BUCKETS),
-            batch_frames: 0,
-            padded_frames: 0,
-            restarts: BTreeMap::new(),
-        }
-    }
+    batch_size: telemetry::Histogram,
+    batch_seconds: telemetry::Histogram,
+    queue_wait_seconds: telemetry::Histogram,
+    batch_frames: Counter,
+    padding_frames: Counter,
+    restarts: Vec<(RestartCause, Counter)>,
 }
 
 impl GroupMetrics {
     /// One answer; `new_batch` when it is the first answer of its batch seen.
-    pub(crate) fn observe_answer(&mut self, timings: &Timings, new_batch: bool) {
+    pub(crate) fn observe_answer(&self, timings: &Timings, new_batch: bool) {
         self.queue_wait_seconds
             .observe(timings.queue_us as f64 / 1e6);
         if new_batch {
             self.batch_size.observe(f64::from(timings.batch_size));
             self.batch_seconds.observe(timings.batch_us as f64 / 1e6);
-            self.batch_frames += timings.batch_frames;
-            self.padded_frames += timings.padded_frames.max(timings.batch_frames);
+            self.batch_frames.inc_by(timings.batch_frames);
+            self.padding_frames
+                .inc_by(timings.padded_frames.saturating_sub(timings.batch_frames));
         }
     }
 
-    pub(crate) fn observe_restart(&mut self, cause: RestartCause) {
-        *self.restarts.entry(cause.label()).or_default() += 1;
+    pub(crate) fn observe_restart(&self, cause: RestartCause) {
+        if let Some((_, n)) = self.restarts.iter().find(|(c, _)| *c == cause) {
+            n.inc();
+        }
     }
 }
 
@@ -113,156 +70,134 @@ pub(crate) struct WorkerGauges {
     pub(crate) queue_depth: u32,
 }
 
-/// Everything `/metrics` shows, gathered under the fleet's lock.
-#[derive(Debug, Clone)]
-pub(crate) struct Snapshot {
-    pub(crate) waiting: usize,
-    /// Per group and task (a task without workers is left out).
-    pub(crate) groups: Vec<(String, Task, GroupMetrics)>,
-    pub(crate) workers: Vec<WorkerGauges>,
+/// Every metric the fleet shows, registered in the order `/metrics` lists them.
+#[derive(Debug)]
+pub(crate) struct FleetMetrics {
+    registry: Registry,
+    waiting: Gauge,
+    queue_depth: Family<ThreeLabels, Gauge>,
+    outstanding: Family<ThreeLabels, Gauge>,
+    ready: Family<ThreeLabels, Gauge>,
+    batch_size: HistogramFamily<GroupLabels>,
+    batch_seconds: HistogramFamily<GroupLabels>,
+    queue_wait_seconds: HistogramFamily<GroupLabels>,
+    batch_frames: Family<GroupLabels, Counter>,
+    padding_frames: Family<GroupLabels, Counter>,
+    restarts: Family<ThreeLabels, Counter>,
 }
 
-fn help(out: &mut String, name: &str, kind: &str, text: &str) {
-    let _ = writeln!(out, "# HELP {name} {text}");
-    let _ = writeln!(out, "# TYPE {name} {kind}");
+impl Default for FleetMetrics {
+    fn default() -> Self {
+        let mut r = Registry::default();
+        let seconds = Buckets(&SECONDS_BUCKETS);
+        // Fields initialise in this order: the registry lists its metrics in it.
+        Self {
+            waiting: register(
+                &mut r,
+                "fleet_waiting_requests",
+                "Requests in the supervisor waiting for a worker with room",
+                Gauge::default(),
+            ),
+            queue_depth: register(
+                &mut r,
+                "fleet_worker_queue_depth",
+                "Requests queued inside each worker for a batch (last health report)",
+                Family::default(),
+            ),
+            outstanding: register(
+                &mut r,
+                "fleet_worker_outstanding_requests",
+                "Requests sent to each worker and not yet answered",
+                Family::default(),
+            ),
+            ready: register(
+                &mut r,
+                "fleet_worker_ready",
+                "1 while the worker is handshaken and serving",
+                Family::default(),
+            ),
+            batch_size: register(
+                &mut r,
+                "fleet_batch_size",
+                "Requests per batch run by the workers",
+                HistogramFamily::new_with_constructor(Buckets(&BATCH_SIZE_BUCKETS)),
+            ),
+            batch_seconds: register(
+                &mut r,
+                "fleet_batch_seconds",
+                "Engine time of one batch",
+                HistogramFamily::new_with_constructor(seconds),
+            ),
+            queue_wait_seconds: register(
+                &mut r,
+                "fleet_queue_wait_seconds",
+                "Time a request waited inside its worker before its batch started",
+                HistogramFamily::new_with_constructor(seconds),
+            ),
+            batch_frames: register(
+                &mut r,
+                "fleet_batch_frames",
+                "Feature frames of the batched requests themselves",
+                Family::default(),
+            ),
+            padding_frames: register(
+                &mut r,
+                "fleet_padding_frames",
+                "Frames computed only as padding (padded batch frames minus real frames)",
+                Family::default(),
+            ),
+            restarts: register(
+                &mut r,
+                "fleet_restarts",
+                "Worker restarts by cause",
+                Family::default(),
+            ),
+            registry: r,
+        }
+    }
 }
 
-impl Snapshot {
-    pub(crate) fn render(&self) -> String {
-        let mut out = String::new();
-        help(
-            &mut out,
-            "fleet_waiting_requests",
-            "gauge",
-            "Requests in the supervisor waiting for a worker with room.",
-        );
-        let _ = writeln!(out, "fleet_waiting_requests {}", self.waiting);
-        help(
-            &mut out,
-            "fleet_worker_queue_depth",
-            "gauge",
-            "Requests queued inside each worker for a batch (last health report).",
-        );
-        for w in &self.workers {
-            let _ = writeln!(
-                out,
-                "fleet_worker_queue_depth{{group=\"{}\",task=\"{}\",slot=\"{}\"}} {}",
-                w.group,
-                w.task.label(),
-                w.slot,
-                w.queue_depth
-            );
+impl FleetMetrics {
+    /// The figures of one group and task, shown from now on (at zero until something happens).
+    pub(crate) fn group(&self, group: &str, task: Task) -> GroupMetrics {
+        let labels = group_labels(group, task);
+        let restarts = RestartCause::ALL
+            .into_iter()
+            .map(|cause| {
+                let [group, task] = labels.clone();
+                let counter = self.restarts.get_or_create_owned(&[
+                    group,
+                    task,
+                    ("cause", cause.label().into()),
+                ]);
+                (cause, counter)
+            })
+            .collect();
+        GroupMetrics {
+            batch_size: self.batch_size.get_or_create_owned(&labels),
+            batch_seconds: self.batch_seconds.get_or_create_owned(&labels),
+            queue_wait_seconds: self.queue_wait_seconds.get_or_create_owned(&labels),
+            batch_frames: self.batch_frames.get_or_create_owned(&labels),
+            padding_frames: self.padding_frames.get_or_create_owned(&labels),
+            restarts,
         }
-        help(
-            &mut out,
-            "fleet_worker_outstanding_requests",
-            "gauge",
-            "Requests sent to each worker and not yet answered.",
-        );
-        for w in &self.workers {
-            let _ = writeln!(
-                out,
-                "fleet_worker_outstanding_requests{{group=\"{}\",task=\"{}\",slot=\"{}\"}} {}",
-                w.group,
-                w.task.label(),
-                w.slot,
-                w.outstanding
-            );
+    }
+
+    /// Prometheus text, with the gauges set to `waiting` and the workers' state.
+    pub(crate) fn render(&self, waiting: usize, workers: &[WorkerGauges]) -> String {
+        self.waiting.set(gauge_value(waiting));
+        for w in workers {
+            let [group, task] = group_labels(&w.group, w.task);
+            let labels = [group, task, ("slot", w.slot.to_string())];
+            self.queue_depth
+                .get_or_create(&labels)
+                .set(i64::from(w.queue_depth));
+            self.outstanding
+                .get_or_create(&labels)
+                .set(gauge_value(w.outstanding));
+            self.ready.get_or_create(&labels).set(i64::from(w.ready));
         }
-        help(
-            &mut out,
-            "fleet_worker_ready",
-            "gauge",
-            "1 while the worker is handshaken and serving.",
-        );
-        for w in &self.workers {
-            let _ = writeln!(
-                out,
-                "fleet_worker_ready{{group=\"{}\",task=\"{}\",slot=\"{}\"}} {}",
-                w.group,
-                w.task.label(),
-                w.slot,
-                u8::from(w.ready)
-            );
-        }
-        help(
-            &mut out,
-            "fleet_batch_size",
-            "histogram",
-            "Requests per batch run by the workers.",
-        );
-        for (group, task, m) in &self.groups {
-            let labels = format!("group=\"{group}\",task=\"{}\"", task.label());
-            m.batch_size.render(&mut out, "fleet_batch_size", &labels);
-        }
-        help(
-            &mut out,
-            "fleet_batch_seconds",
-            "histogram",
-            "Engine time of one batch.",
-        );
-        for (group, task, m) in &self.groups {
-            let labels = format!("group=\"{group}\",task=\"{}\"", task.label());
-            m.batch_seconds
-                .render(&mut out, "fleet_batch_seconds", &labels);
-        }
-        help(
-            &mut out,
-            "fleet_queue_wait_seconds",
-            "histogram",
-            "Time a request waited inside its worker before its batch started.",
-        );
-        for (group, task, m) in &self.groups {
-            let labels = format!("group=\"{group}\",task=\"{}\"", task.label());
-            m.queue_wait_seconds
-                .render(&mut out, "fleet_queue_wait_seconds", &labels);
-        }
-        help(
-            &mut out,
-            "fleet_batch_frames_total",
-            "counter",
-            "Feature frames of the batched requests themselves.",
-        );
-        for (group, task, m) in &self.groups {
-            let labels = format!("group=\"{group}\",task=\"{}\"", task.label());
-            let _ = writeln!(
-                out,
-                "fleet_batch_frames_total{{{labels}}} {}",
-                m.batch_frames
-            );
-        }
-        help(
-            &mut out,
-            "fleet_padding_frames_total",
-            "counter",
-            "Frames computed only as padding (padded batch frames minus real frames).",
-        );
-        for (group, task, m) in &self.groups {
-            let labels = format!("group=\"{group}\",task=\"{}\"", task.label());
-            let _ = writeln!(
-                out,
-                "fleet_padding_frames_total{{{labels}}} {}",
-                m.padded_frames - m.batch_frames
-            );
-        }
-        help(
-            &mut out,
-            "fleet_restarts_total",
-            "counter",
-            "Worker restarts by cause.",
-        );
-        for (group, task, m) in &self.groups {
-            let labels = format!("group=\"{group}\",task=\"{}\"", task.label());
-            for cause in RestartCause::ALL {
-                let n = m.restarts.get(cause.label()).copied().unwrap_or(0);
-                let _ = writeln!(
-                    out,
-                    "fleet_restarts_total{{{labels},cause=\"{}\"}} {n}",
-                    cause.label()
-                );
-            }
-        }
-        out
+        telemetry::encode(&self.registry)
     }
 }
 
@@ -283,7 +218,9 @@ mod tests {
 
     #[test]
     fn batches_count_once_and_padding_is_the_difference() {
-        let mut m = GroupMetrics::default();
+        let metrics = FleetMetrics::default();
+        let m = metrics.group("gpu0", Task::Transcribe);
+        metrics.group("gpu0", Task::Diarize);
         let t = timings(4, 1000, 1600, 1);
         m.observe_answer(&t, true);
         for _ in 0..3 {
@@ -291,13 +228,9 @@ mod tests {
         }
         m.observe_answer(&timings(1, 300, 300, 2), true);
         m.observe_restart(RestartCause::Stuck);
-        let text = Snapshot {
-            waiting: 3,
-            groups: vec![
-                ("gpu0".into(), Task::Transcribe, m),
-                ("gpu0".into(), Task::Diarize, GroupMetrics::default()),
-            ],
-            workers: vec![WorkerGauges {
+        let text = metrics.render(
+            3,
+            &[WorkerGauges {
                 group: "gpu0".into(),
                 task: Task::Diarize,
                 slot: 0,
@@ -305,8 +238,7 @@ mod tests {
                 outstanding: 2,
                 queue_depth: 5,
             }],
-        }
-        .render();
+        );
         for line in [
             "fleet_waiting_requests 3",
             "fleet_worker_queue_depth{group=\"gpu0\",task=\"diarize\",slot=\"0\"} 5",
@@ -315,7 +247,7 @@ mod tests {
             "fleet_batch_size_count{group=\"gpu0\",task=\"transcribe\"} 2",
             "fleet_batch_size_bucket{group=\"gpu0\",task=\"transcribe\",le=\"2\"} 1",
             "fleet_batch_size_bucket{group=\"gpu0\",task=\"transcribe\",le=\"4\"} 2",
-            "fleet_batch_size_sum{group=\"gpu0\",task=\"transcribe\"} 5",
+            "fleet_batch_size_sum{group=\"gpu0\",task=\"transcribe\"} 5.0",
             "fleet_batch_seconds_bucket{group=\"gpu0\",task=\"transcribe\",le=\"0.25\"} 0",
             "fleet_batch_seconds_bucket{group=\"gpu0\",task=\"transcribe\",le=\"0.5\"} 2",
             "fleet_queue_wait_seconds_count{group=\"gpu0\",task=\"transcribe\"} 5",
@@ -331,13 +263,5 @@ mod tests {
                 "missing `{line}` in\n{text}"
             );
         }
-    }
-
-    #[test]
-    fn non_finite_observations_are_dropped() {
-        let mut h = Histogram::new(&SECONDS_BUCKETS);
-        h.observe(f64::NAN);
-        h.observe(0.002);
-        assert_eq!((h.count, h.counts[0], h.counts[1]), (1, 0, 1));
     }
 }

@@ -2,11 +2,11 @@
 
 use std::process::Child;
 
-use worker_protocol::Task;
-
-use super::{metrics_index, Fleet, Phase, RestartCause, WorkerPhase, WorkerStatus};
+use super::state::Phase;
+use super::{Fleet, WorkerPhase, WorkerStatus};
 use crate::config::FleetConfig;
-use crate::metrics::{Snapshot, WorkerGauges};
+use crate::events::RestartCause;
+use crate::metrics::WorkerGauges;
 
 impl Fleet {
     pub fn status(&self) -> Vec<WorkerStatus> {
@@ -55,35 +55,21 @@ impl Fleet {
     pub fn render_prometheus(&self) -> String {
         let state = self.shared.lock();
         let groups = &self.shared.config.groups;
-        Snapshot {
-            waiting: state.waiting.len(),
-            groups: groups
-                .iter()
-                .enumerate()
-                .flat_map(|(g, group)| Task::ALL.into_iter().map(move |task| (g, group, task)))
-                .filter(|&(_, _, task)| {
-                    task == Task::Transcribe || self.shared.config.diarization.is_some()
-                })
-                .map(|(g, group, task)| {
-                    let metrics = state.metrics[metrics_index(g, task)].clone();
-                    (group.name.clone(), task, metrics)
-                })
-                .collect(),
-            workers: state
-                .slots
-                .iter()
-                .enumerate()
-                .map(|(i, s)| WorkerGauges {
-                    group: groups[s.group].name.clone(),
-                    task: s.task,
-                    slot: i,
-                    ready: matches!(s.phase, Phase::Ready),
-                    outstanding: s.outstanding.len(),
-                    queue_depth: s.queue_depth,
-                })
-                .collect(),
-        }
-        .render()
+        let workers: Vec<WorkerGauges> = state
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(i, s)| WorkerGauges {
+                group: groups[s.group].name.clone(),
+                task: s.task,
+                slot: i,
+                ready: matches!(s.phase, Phase::Ready),
+                outstanding: s.outstanding.len(),
+                queue_depth: s.queue_depth,
+            })
+            .collect();
+        // Under the lock: two scrapes at once each show one moment.
+        self.shared.metrics.render(state.waiting.len(), &workers)
     }
 
     pub fn restarts(&self, cause: RestartCause) -> u64 {
@@ -93,5 +79,18 @@ impl Fleet {
             .get(&cause)
             .copied()
             .unwrap_or(0)
+    }
+}
+
+/// The standalone supervisor's `/health` and `/metrics`: 200 when every group has a ready
+/// worker, else 503; the body lists every worker.
+impl telemetry::Endpoints for Fleet {
+    fn metrics(&self) -> String {
+        self.render_prometheus()
+    }
+
+    fn health(&self) -> telemetry::Health {
+        let report = self.health();
+        telemetry::Health::json(report.healthy, &report)
     }
 }

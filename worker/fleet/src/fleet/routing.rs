@@ -6,10 +6,11 @@ use worker_protocol::{
     WorkerMessage, WorkerState,
 };
 
-use super::supervise::fail_slot;
-use super::{metrics_index, Answer, Phase, RestartCause, Shared, State, HOP_SAMPLES};
+use super::restart::fail_slot;
+use super::state::{Answer, Phase, Shared, State, HOP_SAMPLES};
 use crate::client::Connection;
 use crate::error::FleetError;
+use crate::events::RestartCause;
 use std::time::Instant;
 
 /// Sends waiting requests to the ready worker of their task with the least outstanding work
@@ -195,7 +196,9 @@ fn answered(
         fail_slot(shared, state, slot, RestartCause::Crashed);
         return;
     }
-    state.metrics[metrics_index(group, task)].observe_answer(timings, new_batch);
+    if let Some(m) = state.metrics.get(&(group, task)) {
+        m.observe_answer(timings, new_batch);
+    }
     let ours = state
         .requests
         .get(&id)

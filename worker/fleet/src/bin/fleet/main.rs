@@ -5,8 +5,6 @@
 //! supervisor event as one JSON line on stdout; on SIGTERM or SIGINT stops the workers and the
 //! daemons it started, and exits 0.
 
-mod http;
-
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -107,7 +105,7 @@ async fn serve_until_signal(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Resu
     let mut terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let bound = http::serve(addr, fleet, async move {
+    let bound = telemetry::serve(addr, fleet, async move {
         let _ = http_stopped.await;
     })
     .await?;

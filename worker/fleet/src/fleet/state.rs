@@ -1,0 +1,140 @@
+//! The supervisor's shared state: slots, requests, the waiting queues, and the constants the
+//! monitor, routing and stopping code share.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
+use std::process::Child;
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use worker_protocol::{DiarizeResponse, ModelInfo, Task, TranscribeResponse, WorkerInfo};
+
+use crate::client::Connection;
+use crate::config::FleetConfig;
+use crate::error::FleetError;
+use crate::events::{FleetEvent, RestartCause};
+use crate::load_lock::LoadLock;
+use crate::metrics::{FleetMetrics, GroupMetrics};
+use crate::mps::{self, MpsControl};
+
+pub(super) const TICK: Duration = Duration::from_millis(20);
+pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Hop of the 16 kHz features: the routing cost of a request in feature frames.
+pub(super) const HOP_SAMPLES: usize = 160;
+
+pub(super) enum Phase {
+    Down { next_start: Instant },
+    Starting { since: Instant, _lock: LoadLock },
+    Ready,
+}
+
+pub(super) struct Slot {
+    pub(super) group: usize,
+    pub(super) task: Task,
+    pub(super) socket: PathBuf,
+    pub(super) generation: u64,
+    pub(super) phase: Phase,
+    pub(super) child: Option<Child>,
+    pub(super) conn: Option<Arc<Connection>>,
+    /// Set when the connection failed; the monitor restarts the worker for this cause.
+    pub(super) broken: Option<RestartCause>,
+    pub(super) outstanding: HashSet<u64>,
+    pub(super) outstanding_frames: usize,
+    pub(super) failures: u32,
+    pub(super) restarts: u32,
+    pub(super) ping: Option<(u64, Instant)>,
+    pub(super) last_ping: Instant,
+    /// The current process's handshake.
+    pub(super) info: Option<WorkerInfo>,
+    /// The last batch counted in the metrics (a new process starts again from 1).
+    pub(super) last_batch_seq: Option<u64>,
+    pub(super) queue_depth: u32,
+    pub(super) last_restart: Option<RestartCause>,
+}
+
+pub(super) struct Request {
+    pub(super) task: Task,
+    pub(super) pcm: Arc<Vec<f32>>,
+    pub(super) on: Option<(usize, u64)>,
+    pub(super) sent_at: Option<Instant>,
+    pub(super) attempts: u32,
+    pub(super) outcome: Option<Result<Answer, FleetError>>,
+    /// Signalled when `outcome` is set: only this request's caller waits on it, so an answer
+    /// wakes one thread, not every caller with a request in flight.
+    pub(super) done: Arc<Condvar>,
+}
+
+impl Request {
+    /// Records the outcome and wakes the caller waiting for it.
+    pub(super) fn finish(&mut self, outcome: Result<Answer, FleetError>) {
+        self.outcome = Some(outcome);
+        self.done.notify_all();
+    }
+}
+
+/// A worker's answer, of the request's task.
+pub(super) enum Answer {
+    Transcribed(TranscribeResponse),
+    Diarized(DiarizeResponse),
+}
+
+/// Requests waiting for a worker, one queue per task (a full diarization pool never holds up
+/// transcription, nor the reverse).
+#[derive(Default)]
+pub(super) struct Waiting {
+    transcribe: VecDeque<u64>,
+    diarize: VecDeque<u64>,
+}
+
+impl Waiting {
+    pub(super) fn of(&mut self, task: Task) -> &mut VecDeque<u64> {
+        match task {
+            Task::Transcribe => &mut self.transcribe,
+            Task::Diarize => &mut self.diarize,
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.transcribe.len() + self.diarize.len()
+    }
+}
+
+#[derive(Default)]
+pub(super) struct State {
+    pub(super) slots: Vec<Slot>,
+    pub(super) requests: HashMap<u64, Request>,
+    pub(super) waiting: Waiting,
+    pub(super) next_id: u64,
+    pub(super) shutting_down: bool,
+    /// `Stopped` was reported (shutdown runs again on drop).
+    pub(super) stopped: bool,
+    pub(super) restarts: HashMap<RestartCause, u64>,
+    /// Batch figures by group index and task (a task without workers has none).
+    pub(super) metrics: HashMap<(usize, Task), GroupMetrics>,
+    /// The transcription model, from the first transcription worker's handshake.
+    pub(super) model: Option<ModelInfo>,
+    pub(super) mps_started: Vec<(u32, mps::MpsDirs)>,
+}
+
+pub(super) struct Shared {
+    pub(super) config: FleetConfig,
+    pub(super) metrics: FleetMetrics,
+    pub(super) state: Mutex<State>,
+    pub(super) changed: Condvar,
+    pub(super) mps: Arc<dyn MpsControl>,
+    pub(super) events: Option<Sender<FleetEvent>>,
+}
+
+impl Shared {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock would be a bug; keep serving rather than cascade.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn emit(&self, event: FleetEvent) {
+        if let Some(events) = &self.events {
+            let _ = events.send(event);
+        }
+    }
+}
