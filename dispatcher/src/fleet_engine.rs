@@ -36,8 +36,8 @@ pub struct EngineArgs {
     pub engine: EngineChoice,
     /// `--engine fleet`: the engine of every worker (`cpu`, `onnx`, `cuda`). Default: `cuda`
     /// with `--gpus`, `cpu` with `--cpu-instances`.
-    #[arg(long, env = "FLEET_WORKER_ENGINE")]
-    pub worker_engine: Option<String>,
+    #[arg(long, env = "FLEET_WORKER_ENGINE", value_enum)]
+    pub worker_engine: Option<EngineKind>,
     /// `--engine fleet`: how long to wait for the first worker to be ready.
     #[arg(long, env = "FLEET_READY_TIMEOUT_S", default_value_t = 600)]
     pub fleet_ready_timeout_s: u64,
@@ -47,11 +47,11 @@ pub struct EngineArgs {
 
 impl EngineArgs {
     /// The workers' engine: as given, else the GPU engine on GPUs and the CPU one without.
-    pub fn worker_engine(&self) -> &str {
-        match &self.worker_engine {
+    pub fn worker_engine(&self) -> EngineKind {
+        match self.worker_engine {
             Some(engine) => engine,
-            None if self.fleet.gpus.is_empty() => "cpu",
-            None => "cuda",
+            None if self.fleet.gpus.is_empty() => EngineKind::Cpu,
+            None => EngineKind::Cuda,
         }
     }
 }

@@ -203,7 +203,7 @@ fn the_fleet_joins_health_and_metrics() {
     let dir = tempfile::tempdir().expect("tempdir");
     let args = EngineArgs {
         engine: EngineChoice::Fleet,
-        worker_engine: Some("cpu".into()),
+        worker_engine: Some(engine::EngineKind::Cpu),
         fleet_ready_timeout_s: 120,
         fleet: worker_fleet::FleetOptions {
             cpu_instances: Some(2),

@@ -26,7 +26,7 @@ fn config(dir: &Path, transcribers: usize, diarizers: usize) -> FleetConfig {
     cfg.worker_args = vec!["--max-batch-wait-ms".into(), "20".into()];
     cfg.diarization = Some(DiarizationPool {
         model: sortformer_path(),
-        engine: "cpu".into(),
+        engine: worker_protocol::EngineKind::Cpu,
         instances: diarizers,
         mps_thread_percentage: 12,
     });

@@ -27,12 +27,13 @@ use clap::Parser;
 use model_core::speakers::SpeakerSegment;
 use model_core::transcript::Hypothesis;
 use worker_fleet::{Fleet, FleetOptions, RestartCause};
+use worker_protocol::EngineKind;
 
 #[derive(Debug, Parser)]
 struct Args {
     /// `worker serve --engine` of every worker.
-    #[arg(long, default_value = "cuda")]
-    engine: String,
+    #[arg(long, default_value = "cuda", value_enum)]
+    engine: EngineKind,
     #[arg(long)]
     model: PathBuf,
     /// 16 kHz mono 16-bit WAV files, sent round-robin.
@@ -137,11 +138,8 @@ fn diarize_each(fleet: &Fleet, clips: &[Vec<f32>]) -> Result<Vec<Vec<SpeakerSegm
 }
 
 fn start(options: &FleetOptions, args: &Args, label: &str) -> Result<Fleet> {
-    let config = options.to_config_with_diarization(
-        &args.engine,
-        &args.model,
-        args.diar_model.as_deref(),
-    )?;
+    let config =
+        options.to_config_with_diarization(args.engine, &args.model, args.diar_model.as_deref())?;
     let started = Instant::now();
     let fleet = Fleet::start(config)?;
     fleet

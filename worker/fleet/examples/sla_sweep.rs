@@ -43,12 +43,13 @@ use clap::Parser;
 use worker_fleet::{Fleet, FleetConfig, FleetOptions};
 
 use sla::{Level, LevelLatencies, Row, Sla, Stats};
+use worker_protocol::EngineKind;
 
 #[derive(Debug, Parser)]
 struct Args {
     /// `worker serve --engine` of every worker.
-    #[arg(long, default_value = "cuda")]
-    engine: String,
+    #[arg(long, default_value = "cuda", value_enum)]
+    engine: EngineKind,
     #[arg(long)]
     model: PathBuf,
     /// 16 kHz mono 16-bit WAV files; each request picks one uniformly at random.
@@ -180,7 +181,7 @@ fn layout_config(args: &Args, layout: Layout) -> Result<FleetConfig> {
         .clone()
         .unwrap_or_else(|| std::env::temp_dir().join("parakeet-fleet"));
     options.runtime_dir = Some(base.join(layout.to_string()));
-    let mut config = options.to_config(&args.engine, &args.model)?;
+    let mut config = options.to_config(args.engine, &args.model)?;
     for group in &mut config.groups {
         group.instances = layout.instances();
         if !layout.mps() {
@@ -587,7 +588,7 @@ mod tests {
         );
         assert_eq!((a.rounds, a.level_s, a.warmup_s), (3, 4.0, 1.0));
         assert_eq!((a.sla_mean_ms, a.sla_p99_ms), (650.0, 1000.0));
-        assert_eq!(a.engine, "cuda");
+        assert_eq!(a.engine, EngineKind::Cuda);
     }
 
     #[test]
@@ -616,7 +617,7 @@ mod tests {
             "100/8, not --mps-thread-percentage"
         );
         assert_eq!(mps.runtime_dir, PathBuf::from("/run/s/mps8"));
-        assert_eq!(mps.engine, "cuda");
+        assert_eq!(mps.engine, EngineKind::Cuda);
         assert!(layout_config(&a, Layout::Cpu(2)).is_err());
 
         let cpu = args(&[

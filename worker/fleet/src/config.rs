@@ -6,6 +6,7 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBuilder};
 
 use crate::mps::MpsConfig;
+use worker_protocol::EngineKind;
 
 #[derive(Debug, Clone)]
 pub struct FleetConfig {
@@ -13,8 +14,8 @@ pub struct FleetConfig {
     pub worker_binary: PathBuf,
     /// The `.nemo` model every worker loads.
     pub model: PathBuf,
-    /// `--engine` value for the workers (`cpu`, `cuda`, ...).
-    pub engine: String,
+    /// `--engine` of the workers.
+    pub engine: EngineKind,
     /// Extra `worker serve` arguments (batch sizes, budgets).
     pub worker_args: Vec<String>,
     pub groups: Vec<GroupConfig>,
@@ -53,7 +54,7 @@ pub struct DiarizationPool {
     /// The Sortformer `.nemo`.
     pub model: PathBuf,
     /// `--engine` of the diarization workers (`cpu` or `cuda`).
-    pub engine: String,
+    pub engine: EngineKind,
     /// Workers per group.
     pub instances: usize,
     /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` of each diarization worker under MPS.
@@ -71,7 +72,7 @@ impl FleetConfig {
         Self {
             worker_binary,
             model,
-            engine: "cpu".into(),
+            engine: EngineKind::Cpu,
             worker_args: Vec::new(),
             groups: vec![GroupConfig {
                 name: "cpu".into(),

@@ -137,7 +137,7 @@ mod tests {
         // With a diarization pool, a group also needs a ready diarization worker.
         config.diarization = Some(crate::config::DiarizationPool {
             model: PathBuf::new(),
-            engine: "cpu".into(),
+            engine: worker_protocol::EngineKind::Cpu,
             instances: 1,
             mps_thread_percentage: 12,
         });

@@ -10,6 +10,7 @@ use crate::config::{DiarizationPool, FleetConfig, GroupConfig};
 use crate::error::FleetError;
 use crate::layout;
 use crate::mps::MpsConfig;
+use worker_protocol::EngineKind;
 
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct FleetOptions {
@@ -84,20 +85,20 @@ pub struct FleetOptions {
     pub diar_mps_percentage: u32,
     /// Engine of the diarization workers, `cpu` or `cuda` (default: the transcription
     /// workers' engine).
-    #[arg(long, env = "FLEET_DIAR_ENGINE")]
-    pub diar_engine: Option<String>,
+    #[arg(long, env = "FLEET_DIAR_ENGINE", value_enum)]
+    pub diar_engine: Option<EngineKind>,
 }
 
 impl FleetOptions {
     /// The fleet running `worker serve --engine <engine> --model <model>`.
-    pub fn to_config(&self, engine: &str, model: &Path) -> Result<FleetConfig, FleetError> {
+    pub fn to_config(&self, engine: EngineKind, model: &Path) -> Result<FleetConfig, FleetError> {
         self.to_config_with_diarization(engine, model, None)
     }
 
     /// [`Self::to_config`] plus, with `diar_model`, a diarization pool in every group.
     pub fn to_config_with_diarization(
         &self,
-        engine: &str,
+        engine: EngineKind,
         model: &Path,
         diar_model: Option<&Path>,
     ) -> Result<FleetConfig, FleetError> {
@@ -154,7 +155,7 @@ impl FleetOptions {
             }
         };
         let mut config = FleetConfig::cpu(worker_binary, model.to_owned(), runtime_dir, 1);
-        config.engine = engine.to_owned();
+        config.engine = engine;
         config.groups = groups;
         config.worker_args = self.worker_args.clone();
         if self.no_weight_sharing {
@@ -167,10 +168,7 @@ impl FleetOptions {
         let pool_model = diar_model.filter(|_| self.diar_workers_per_gpu > 0);
         config.diarization = pool_model.map(|path| DiarizationPool {
             model: path.to_owned(),
-            engine: self
-                .diar_engine
-                .clone()
-                .unwrap_or_else(|| engine.to_owned()),
+            engine: self.diar_engine.unwrap_or(engine),
             instances: self.diar_workers_per_gpu,
             mps_thread_percentage: self.diar_mps_percentage,
         });
@@ -238,7 +236,7 @@ mod tests {
             let args: Vec<&str> = base.iter().chain(extra).copied().collect();
             let options = parse(&args).unwrap();
             options
-                .to_config("cuda", Path::new("/m.nemo"))
+                .to_config(EngineKind::Cuda, Path::new("/m.nemo"))
                 .unwrap()
                 .weights_share_dir
         };
@@ -260,8 +258,10 @@ mod tests {
             "--worker-arg=--max-batch-wait-ms=20",
         ])
         .unwrap();
-        let cfg = opts.to_config("cuda", Path::new("/m.nemo")).unwrap();
-        assert_eq!(cfg.engine, "cuda");
+        let cfg = opts
+            .to_config(EngineKind::Cuda, Path::new("/m.nemo"))
+            .unwrap();
+        assert_eq!(cfg.engine, EngineKind::Cuda);
         assert_eq!(cfg.worker_args, vec!["--max-batch-wait-ms=20"]);
         let names: Vec<&str> = cfg.groups.iter().map(|g| g.name.as_str()).collect();
         assert_eq!(names, vec!["gpu0", "gpu1"]);
@@ -306,16 +306,20 @@ mod tests {
         ])
         .unwrap();
         assert!(opts
-            .to_config("cuda", Path::new("m"))
+            .to_config(EngineKind::Cuda, Path::new("m"))
             .unwrap()
             .diarization
             .is_none());
         let cfg = opts
-            .to_config_with_diarization("cuda", Path::new("m"), Some(Path::new("/s.nemo")))
+            .to_config_with_diarization(
+                EngineKind::Cuda,
+                Path::new("m"),
+                Some(Path::new("/s.nemo")),
+            )
             .unwrap();
         let pool = cfg.diarization.as_ref().unwrap();
         assert_eq!(pool.model, PathBuf::from("/s.nemo"));
-        assert_eq!((pool.engine.as_str(), pool.instances), ("cuda", 8));
+        assert_eq!((pool.engine, pool.instances), (EngineKind::Cuda, 8));
         assert_eq!(pool.mps_thread_percentage, 12);
         let mps = cfg.groups[0].mps.as_ref();
         let env = crate::mps::client_env(Some(0), pool.mps_thread_percentage, mps);
@@ -335,15 +339,15 @@ mod tests {
         ])
         .unwrap();
         let cfg = opts
-            .to_config_with_diarization("onnx", Path::new("m"), Some(Path::new("s")))
+            .to_config_with_diarization(EngineKind::Onnx, Path::new("m"), Some(Path::new("s")))
             .unwrap();
         let pool = cfg.diarization.unwrap();
-        assert_eq!((pool.engine.as_str(), pool.instances), ("cpu", 2));
+        assert_eq!((pool.engine, pool.instances), (EngineKind::Cpu, 2));
         assert_eq!(pool.mps_thread_percentage, 20);
         assert!(parse(&["--diar-mps-percentage", "0"]).is_err());
         let zero = parse(&["--cpu-instances", "1", "--diar-workers-per-gpu", "0"]).unwrap();
         let cfg = zero
-            .to_config_with_diarization("cpu", Path::new("m"), Some(Path::new("s")))
+            .to_config_with_diarization(EngineKind::Cpu, Path::new("m"), Some(Path::new("s")))
             .unwrap();
         assert!(cfg.diarization.is_none(), "0 workers: no pool");
     }
@@ -360,10 +364,10 @@ mod tests {
             "w",
         ])
         .unwrap();
-        let cfg = opts.to_config("cuda", Path::new("m")).unwrap();
+        let cfg = opts.to_config(EngineKind::Cuda, Path::new("m")).unwrap();
         assert!(cfg.groups[0].mps.is_none());
         let opts = parse(&["--cpu-instances", "3", "--worker-binary", "w"]).unwrap();
-        let cfg = opts.to_config("cpu", Path::new("m")).unwrap();
+        let cfg = opts.to_config(EngineKind::Cpu, Path::new("m")).unwrap();
         assert_eq!(cfg.groups.len(), 1);
         assert_eq!((cfg.groups[0].gpu, cfg.groups[0].instances), (None, 3));
     }
@@ -373,13 +377,15 @@ mod tests {
         assert!(parse(&["--gpus", "0", "--cpu-instances", "2"]).is_err());
         assert!(parse(&["--gpus", "0", "--mps-thread-percentage", "0"]).is_err());
         let neither = parse(&["--worker-binary", "w"]).unwrap();
-        assert!(neither.to_config("cpu", Path::new("m")).is_err());
+        assert!(neither.to_config(EngineKind::Cpu, Path::new("m")).is_err());
         let twice = parse(&["--gpus", "1,1", "--worker-binary", "w"]).unwrap();
-        assert!(twice.to_config("cuda", Path::new("m")).is_err());
+        assert!(twice.to_config(EngineKind::Cuda, Path::new("m")).is_err());
         // No --instances-per-gpu: the GPU is probed through the worker binary, whose failure
         // stops the start with the GPU named.
         let unprobed = parse(&["--gpus", "2", "--worker-binary", "false"]).unwrap();
-        let error = unprobed.to_config("cuda", Path::new("m")).unwrap_err();
+        let error = unprobed
+            .to_config(EngineKind::Cuda, Path::new("m"))
+            .unwrap_err();
         assert!(
             matches!(error, FleetError::GpuProbe { gpu: 2, .. }),
             "{error}"
@@ -393,6 +399,6 @@ mod tests {
             "w",
         ])
         .unwrap();
-        assert!(zero.to_config("cuda", Path::new("m")).is_err());
+        assert!(zero.to_config(EngineKind::Cuda, Path::new("m")).is_err());
     }
 }

@@ -50,7 +50,7 @@ fn spawn_worker(shared: &Shared, slot: &Slot) -> std::io::Result<Child> {
         .arg("--model")
         .arg(model)
         .arg("--engine")
-        .arg(engine)
+        .arg(engine.name())
         .args(&cfg.worker_args)
         .envs(env)
         .envs(

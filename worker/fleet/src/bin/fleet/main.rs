@@ -11,25 +11,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use worker_fleet::{Fleet, FleetEvent, FleetHooks, FleetOptions};
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum WorkerEngine {
-    Cpu,
-    Onnx,
-    Cuda,
-}
-
-impl WorkerEngine {
-    fn name(self) -> &'static str {
-        match self {
-            Self::Cpu => "cpu",
-            Self::Onnx => "onnx",
-            Self::Cuda => "cuda",
-        }
-    }
-}
+use worker_protocol::EngineKind;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -40,7 +24,7 @@ impl WorkerEngine {
 struct Args {
     /// The engine every worker runs (`worker serve --engine`).
     #[arg(long, env = "FLEET_ENGINE", value_enum)]
-    engine: WorkerEngine,
+    engine: EngineKind,
     /// The model every transcription worker loads (`.nemo`, or an ONNX export directory).
     #[arg(long, env = "FLEET_MODEL")]
     model: PathBuf,
@@ -68,7 +52,7 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let config = args
         .fleet
-        .to_config_with_diarization(args.engine.name(), &args.model, args.diar_model.as_deref())
+        .to_config_with_diarization(args.engine, &args.model, args.diar_model.as_deref())
         .context("fleet options")?;
     let (events, printed) = std::sync::mpsc::channel::<FleetEvent>();
     let printer = std::thread::Builder::new()
