@@ -19,10 +19,11 @@ use common::{
     assert_close, check_close, engine, for_each_storage, poisoned_bf16, poisoned_f32, to_f32,
     widen, Rng, TestStorage, BF16_ULP,
 };
-use cuda_engine::{
-    bf16, fold_batch_norm, AttentionShape, BLayout, BatchNorm, CudaEngine, CudaEngineError,
-    DepthwiseShape, LayerNormWeights, MatmulSpec, Residual, RowShape, StorageKind,
+use cuda_engine::internals::{
+    fold_batch_norm, AttentionShape, BLayout, BatchNorm, DepthwiseShape, LayerNormWeights,
+    MatmulSpec, Residual, RowShape,
 };
+use cuda_engine::{bf16, CudaEngine, CudaEngineError, StorageKind};
 
 fn sigmoid(v: f64) -> f64 {
     1.0 / (1.0 + (-v).exp())
