@@ -18,7 +18,10 @@
 //! types, the matmul spec, batch-norm folding, shareable device memory) are in
 //! `cuda_engine::internals`, which exists only with the cargo feature `internals`. Nothing else
 //! enables it: this crate's own dev-dependency on itself does (`Cargo.toml`), so that
-//! `cargo test -p cuda-engine` builds the tests with it while the other crates never see it.
+//! `cargo test -p cuda-engine` builds the tests with it while the other crates never see it (a
+//! feature rather than a `#[doc(hidden)]` module, which they could still import). The typed
+//! operations themselves stay `pub` methods of [`CudaEngine`]; without the feature their shape
+//! types cannot be named outside this crate.
 // Raw CUDA calls need `unsafe`; the workspace denies it everywhere else. Every unsafe block and
 // function here states its safety argument.
 #![allow(unsafe_code)]

@@ -29,7 +29,7 @@ impl DropErrorRecord {
     /// Records `result`'s error, if any, as a failure to do `what`.
     pub(crate) fn check<T, E: Display>(&self, what: &str, result: Result<T, E>) {
         if let Err(error) = result {
-            tracing::warn!(target: "cuda_engine", "{what} failed while dropping: {error}");
+            tracing::warn!(what, %error, "a release in Drop failed");
             let mut record = self.0.lock().unwrap_or_else(PoisonError::into_inner);
             record.count += 1;
             record.last = Some(format!("{what}: {error}"));
