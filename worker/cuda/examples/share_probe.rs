@@ -14,7 +14,8 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, ensure, Context, Result};
-use cuda_engine::{receive_shared, send_shared, CudaEngine, SharedDeviceMemory};
+use cuda_engine::internals::{receive_shared, send_shared, SharedDeviceMemory};
+use cuda_engine::CudaEngine;
 
 const MARKER: &[u8] = b"child was here";
 

@@ -1,25 +1,23 @@
 //! The engine's CUDA context: one device, one stream, the NVRTC-compiled kernel table and the
-//! cuBLASLt handle. Everything the typed operations (in `ops/` and `matmul.rs`) launch goes
-//! through here.
+//! cuBLASLt handle. Everything the typed operations (in `ops/` and `matmul/`) launch goes
+//! through here (and from here through the raw wrappers in `driver/`).
 
 use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::sys::{self, cudaError_enum, CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::sys::{cudaError_enum, CUdevice_attribute};
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError,
     LaunchArgs, LaunchConfig, ValidAsZeroBits,
 };
 
+use crate::driver::launch::{self, LaunchMode};
+use crate::driver::nvrtc::{self, CompiledModule, KernelCode};
+use crate::driver::{context, memory};
 use crate::error::{CudaEngineError, DriverContext, Result};
-use crate::kernel_code::{self, CompiledModule, KernelBuild, KernelCode};
+use crate::kernel_code::KernelBuild;
 use crate::kernels::{Kernel, KernelModule};
 use crate::matmul::Blas;
 use crate::storage::StorageKind;
-
-/// Threads per block for the elementwise and per-row kernels.
-pub(crate) const BLOCK_THREADS: u32 = 256;
-/// Grid cap for grid-stride loops: enough blocks to fill any current GPU several times over.
-const MAX_GRID_BLOCKS: u64 = 65_535 * 8;
 
 /// One GPU's CUDA state for one engine thread.
 ///
@@ -55,15 +53,7 @@ impl std::fmt::Debug for CudaEngine {
 /// Checks that the driver, NVRTC and cuBLASLt libraries can be loaded, without loading any
 /// symbol (cudarc panics on a missing library once a symbol is used, so this must come first).
 pub fn check_cuda_libraries() -> Result<()> {
-    // SAFETY: each call only dlopens the vendor library by its usual names and closes it again;
-    // the libraries' load-time initialisers have no preconditions on our side.
-    let present = unsafe {
-        [
-            ("libcuda (driver)", cudarc::driver::sys::is_culib_present()),
-            ("libnvrtc", cudarc::nvrtc::sys::is_culib_present()),
-            ("libcublasLt", cudarc::cublaslt::sys::is_culib_present()),
-        ]
-    };
+    let present = context::libraries_present();
     let missing: Vec<&str> = present
         .iter()
         .filter(|(_, found)| !found)
@@ -202,27 +192,14 @@ impl CudaEngine {
 
     /// Device memory in use by every process, in bytes (total minus free, as the driver sees it).
     pub fn used_memory_bytes(&self) -> Result<usize> {
-        self.context()
-            .bind_to_thread()
-            .context(|| "binding the context to read memory use".into())?;
-        let (free, total) =
-            cudarc::driver::result::mem_get_info().context(|| "reading free memory".into())?;
-        Ok(total - free)
+        memory::used_bytes(self.context())
     }
 
     /// Returns the memory that freed buffers left in the stream-ordered allocator's pool to the
     /// device (the pool keeps it for reuse otherwise), after the queued work completes.
     pub fn release_pooled_memory(&self) -> Result<()> {
         self.synchronize()?;
-        let mut pool = std::ptr::null_mut();
-        // SAFETY: `pool` is writable; the ordinal is this context's device.
-        unsafe { sys::cuDeviceGetMemPool(&mut pool, self.context().cu_device()) }
-            .result()
-            .context(|| "reading the device's memory pool".into())?;
-        // SAFETY: `pool` is the device's current pool; trimming frees only unused memory.
-        unsafe { sys::cuMemPoolTrimTo(pool, 0) }
-            .result()
-            .context(|| "trimming the memory pool".into())
+        memory::trim_pool(self.context())
     }
 
     /// Copies a host slice into a new device buffer.
@@ -282,54 +259,12 @@ impl CudaEngine {
         threads: u32,
     ) -> Result<(usize, usize)> {
         let function = self.function(storage, kernel)?;
-        let fixed = function
-            .shared_size_bytes()
-            .context(|| format!("reading the static shared memory of {}", kernel.name()))?;
-        let bytes = self
-            .max_shared_bytes_optin()?
-            .saturating_sub(usize::try_from(fixed).unwrap_or(0));
-        let limit = i32::try_from(bytes).map_err(|_| CudaEngineError::Shape {
-            op: kernel.name(),
-            detail: format!("{bytes} bytes of shared memory"),
-        })?;
-        function
-            .set_attribute(
-                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                limit,
-            )
-            .context(|| {
-                format!(
-                    "allowing {bytes} bytes of shared memory for {}",
-                    kernel.name()
-                )
-            })?;
-        let blocks = function
-            .occupancy_max_active_blocks_per_multiprocessor(threads, bytes, None)
-            .context(|| format!("querying the occupancy of {}", kernel.name()))?;
-        Ok((bytes, blocks as usize))
-    }
-
-    /// Launches the build of `kernel` for `storage` cooperatively: the driver starts it only if
-    /// every block can be resident at once, which a kernel whose blocks wait for each other
-    /// relies on.
-    ///
-    /// # Safety
-    ///
-    /// As for [`CudaEngine::launch_as`].
-    pub(crate) unsafe fn launch_cooperative<'a>(
-        &'a self,
-        storage: StorageKind,
-        kernel: Kernel,
-        config: LaunchConfig,
-        shape: impl FnOnce() -> String,
-        push: impl FnOnce(&mut LaunchArgs<'a>),
-    ) -> Result<()> {
-        let mut args = self.stream.launch_builder(self.function(storage, kernel)?);
-        push(&mut args);
-        // SAFETY: forwarded from this function's contract.
-        unsafe { args.launch_cooperative(config) }
-            .map(|_| ())
-            .map_err(launch_failed(kernel, shape))
+        launch::allow_max_dynamic_shared(
+            function,
+            kernel.name(),
+            self.max_shared_bytes_optin()?,
+            threads,
+        )
     }
 
     /// Launches `kernel` on the engine stream with the arguments `push` adds.
@@ -363,12 +298,39 @@ impl CudaEngine {
         shape: impl FnOnce() -> String,
         push: impl FnOnce(&mut LaunchArgs<'a>),
     ) -> Result<()> {
-        let mut args = self.stream.launch_builder(self.function(storage, kernel)?);
-        push(&mut args);
         // SAFETY: forwarded from this function's contract.
-        unsafe { args.launch(config) }
-            .map(|_| ())
-            .map_err(launch_failed(kernel, shape))
+        unsafe { self.launch_with(LaunchMode::Plain, storage, kernel, config, shape, push) }
+    }
+
+    /// [`CudaEngine::launch_as`], started as `mode` says: [`LaunchMode::Cooperative`] has the
+    /// driver start it only if every block can be resident at once, which a kernel whose blocks
+    /// wait for each other relies on.
+    ///
+    /// # Safety
+    ///
+    /// As for [`CudaEngine::launch_as`].
+    pub(crate) unsafe fn launch_with<'a>(
+        &'a self,
+        mode: LaunchMode,
+        storage: StorageKind,
+        kernel: Kernel,
+        config: LaunchConfig,
+        shape: impl FnOnce() -> String,
+        push: impl FnOnce(&mut LaunchArgs<'a>),
+    ) -> Result<()> {
+        let function = self.function(storage, kernel)?;
+        // SAFETY: forwarded from this function's contract.
+        unsafe {
+            launch::launch(
+                &self.stream,
+                function,
+                kernel.name(),
+                mode,
+                config,
+                shape,
+                push,
+            )
+        }
     }
 
     /// The build of `kernel` for `storage`.
@@ -387,39 +349,6 @@ impl CudaEngine {
                         .into(),
                 }),
         }
-    }
-}
-
-/// The error of a launch of `kernel` the driver refused, with the shape it was given.
-fn launch_failed(
-    kernel: Kernel,
-    shape: impl FnOnce() -> String,
-) -> impl FnOnce(DriverError) -> CudaEngineError {
-    move |source| CudaEngineError::Launch {
-        kernel: kernel.name(),
-        shape: shape(),
-        source,
-    }
-}
-
-/// Grid-stride launch shape for `n` independent elements.
-pub(crate) fn elementwise_config(n: usize) -> LaunchConfig {
-    let blocks = (n as u64)
-        .div_ceil(u64::from(BLOCK_THREADS))
-        .clamp(1, MAX_GRID_BLOCKS);
-    LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (BLOCK_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
-
-/// One block per row. Rows must fit the grid's x dimension (checked by the caller).
-pub(crate) fn per_row_config(rows: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (rows, 1, 1),
-        block_dim: (BLOCK_THREADS, 1, 1),
-        shared_mem_bytes: 0,
     }
 }
 
@@ -524,10 +453,10 @@ fn compile_module(
         "--prec-sqrt=true".to_owned(),
         "--prec-div=true".to_owned(),
         "--fmad=true".to_owned(),
-        kernel_code::arch_option(target.code, target.compute_capability),
+        nvrtc::arch_option(target.code, target.compute_capability),
         "--std=c++17".to_owned(),
     ];
-    kernel_code::compile(
+    nvrtc::compile(
         module.source_for(storage),
         &format!("{}.cu", module.name()),
         &options,
@@ -557,8 +486,7 @@ mod tests {
     /// build of it alone.
     #[test]
     fn every_module_compiles_for_both_storages_and_forms_where_nvrtc_is_present() {
-        // SAFETY: only dlopens libnvrtc by its usual names and closes it again.
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        if !context::nvrtc_present() {
             assert!(
                 std::env::var("REQUIRE_NVRTC").as_deref() != Ok("1"),
                 "REQUIRE_NVRTC=1 but libnvrtc is not on the loader path"
@@ -566,10 +494,7 @@ mod tests {
             eprintln!("SKIPPED: libnvrtc not found on the loader path (REQUIRE_NVRTC=1 fails)");
             return;
         }
-        eprintln!(
-            "NVRTC {}",
-            kernel_code::nvrtc_version().expect("NVRTC version")
-        );
+        eprintln!("NVRTC {}", nvrtc::nvrtc_version().expect("NVRTC version"));
         for code in [KernelCode::Ptx, KernelCode::Cubin] {
             let target = KernelTarget {
                 code,

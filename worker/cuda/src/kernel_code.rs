@@ -1,41 +1,18 @@
-//! What NVRTC hands the driver for each kernel module: PTX, which the driver compiles for the
-//! exact SM when loading (and keeps in its JIT cache, so restarts skip that step), or a cubin
-//! that NVRTC compiled for the SM itself.
+//! Which form NVRTC hands the driver for each kernel module (the compilation itself is in
+//! `driver/nvrtc.rs`): PTX, which the driver compiles for the exact SM when loading (and keeps
+//! in its JIT cache, so restarts skip that step), or a cubin that NVRTC compiled for the SM
+//! itself.
 //!
 //! A driver compiles only PTX of its own CUDA version or older, so PTX from an NVRTC newer than
 //! the driver fails to load (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`): a CUDA 12 machine on driver
 //! 535 (CUDA 12.2) with a 12.4+ NVRTC, or a 13.0 driver with NVRTC 13.1. A cubin needs no JIT
 //! and loads on any driver that knows the SM, so the engine compiles cubins exactly there.
 
-use std::ffi::{c_char, c_int, CString};
 use std::fmt;
 
-use cudarc::nvrtc::result::{self as nvrtc, NvrtcError};
-use cudarc::nvrtc::Ptx;
-
-use crate::error::{CudaEngineError, DriverContext, Result};
-
-/// The form of every kernel module an engine loads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KernelCode {
-    /// PTX for the virtual architecture (`compute_XY`), compiled by the driver.
-    Ptx,
-    /// A cubin for the exact SM (`sm_XY`), compiled by NVRTC.
-    Cubin,
-}
-
-/// A CUDA release, e.g. 12.2.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct CudaVersion {
-    pub major: i32,
-    pub minor: i32,
-}
-
-impl fmt::Display for CudaVersion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.major, self.minor)
-    }
-}
+use crate::driver::context::{driver_version, CudaVersion};
+use crate::driver::nvrtc::{nvrtc_version, KernelCode};
+use crate::error::Result;
 
 /// The versions a [`KernelCode`] was chosen from, for logs and the device probe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,126 +58,6 @@ impl fmt::Display for KernelBuild {
     }
 }
 
-/// The version of the NVRTC library loaded.
-pub(crate) fn nvrtc_version() -> Result<CudaVersion> {
-    let (mut major, mut minor): (c_int, c_int) = (0, 0);
-    // SAFETY: nvrtcVersion only writes the two ints it is given pointers to.
-    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) }
-        .result()
-        .map_err(|source| CudaEngineError::Nvrtc {
-            context: "reading the NVRTC version".into(),
-            source,
-        })?;
-    Ok(CudaVersion { major, minor })
-}
-
-/// The newest CUDA version the loaded driver supports (12020 = 12.2).
-pub(crate) fn driver_version() -> Result<CudaVersion> {
-    let mut version: c_int = 0;
-    // SAFETY: cuDriverGetVersion only writes the int it is given a pointer to; it needs no
-    // context or prior cuInit.
-    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) }
-        .result()
-        .context(|| "reading the driver's CUDA version".into())?;
-    Ok(CudaVersion {
-        major: version / 1000,
-        minor: version % 1000 / 10,
-    })
-}
-
-/// One module as NVRTC produced it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum CompiledModule {
-    Ptx(String),
-    Cubin(Vec<u8>),
-}
-
-impl CompiledModule {
-    /// The form `CudaContext::load_module` takes.
-    pub(crate) fn into_loadable(self) -> Ptx {
-        match self {
-            Self::Ptx(text) => Ptx::from_src(text),
-            Self::Cubin(bytes) => Ptx::from_binary(bytes),
-        }
-    }
-}
-
-/// One NVRTC program: destroyed on drop, so every exit path releases it.
-struct Program(cudarc::nvrtc::sys::nvrtcProgram);
-
-impl Drop for Program {
-    fn drop(&mut self) {
-        // SAFETY: the program came from create_program and is destroyed only here, once. A
-        // failure to free it leaks host memory only, so its status is not checked.
-        let _ = unsafe { nvrtc::destroy_program(self.0) };
-    }
-}
-
-/// Compiles one module's `source` with `options` (which must include the matching
-/// `--gpu-architecture`, see [`arch_option`]) into `code`. The error is NVRTC's log, or the
-/// NVRTC call that failed around the compilation.
-pub(crate) fn compile(
-    source: String,
-    name: &str,
-    options: &[String],
-    code: KernelCode,
-) -> std::result::Result<CompiledModule, String> {
-    let call = |call: &'static str| move |error: NvrtcError| format!("{call}: {error}");
-    let source = CString::new(source).expect("kernel sources contain no NUL (bug)");
-    let name = CString::new(name).expect("module names contain no NUL (bug)");
-    let program = Program(nvrtc::create_program(&source, Some(&name)).map_err(call("create"))?);
-    // SAFETY: `program` is live (destroyed only by its drop, after this function's last use),
-    // and the source and name it refers to outlive it.
-    if let Err(status) = unsafe { nvrtc::compile_program(program.0, options) } {
-        // SAFETY: as above; the log exists after a compilation attempt.
-        let log = unsafe { nvrtc::get_program_log(program.0) }
-            .map(|raw| c_chars_to_string(&raw))
-            .unwrap_or_else(|error| format!("({status}; no log: {error})"));
-        return Err(log);
-    }
-    match code {
-        KernelCode::Ptx => {
-            // SAFETY: `program` is live and compiled.
-            let raw = unsafe { nvrtc::get_ptx(program.0) }.map_err(call("get PTX"))?;
-            Ok(CompiledModule::Ptx(c_chars_to_string(&raw)))
-        }
-        KernelCode::Cubin => {
-            let mut size = 0usize;
-            // SAFETY: `program` is live and compiled for an `sm_XY` target; the call writes
-            // the cubin's size into `size`.
-            unsafe { cudarc::nvrtc::sys::nvrtcGetCUBINSize(program.0, &mut size) }
-                .result()
-                .map_err(call("get cubin size"))?;
-            let mut cubin = vec![0u8; size];
-            // SAFETY: `cubin` holds exactly the `size` bytes NVRTC said the cubin has.
-            unsafe {
-                cudarc::nvrtc::sys::nvrtcGetCUBIN(program.0, cubin.as_mut_ptr().cast::<c_char>())
-            }
-            .result()
-            .map_err(call("get cubin"))?;
-            Ok(CompiledModule::Cubin(cubin))
-        }
-    }
-}
-
-/// The `--gpu-architecture` option for `code` on a device of this compute capability.
-pub(crate) fn arch_option(code: KernelCode, (major, minor): (i32, i32)) -> String {
-    match code {
-        KernelCode::Ptx => format!("--gpu-architecture=compute_{major}{minor}"),
-        KernelCode::Cubin => format!("--gpu-architecture=sm_{major}{minor}"),
-    }
-}
-
-/// NVRTC's NUL-terminated text (PTX, logs) as a `String`.
-fn c_chars_to_string(raw: &[c_char]) -> String {
-    let bytes: Vec<u8> = raw
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -226,17 +83,5 @@ mod tests {
                 "NVRTC {nvrtc}, driver {driver}"
             );
         }
-    }
-
-    #[test]
-    fn arch_options_name_the_virtual_or_the_real_architecture() {
-        assert_eq!(
-            arch_option(KernelCode::Ptx, (9, 0)),
-            "--gpu-architecture=compute_90"
-        );
-        assert_eq!(
-            arch_option(KernelCode::Cubin, (8, 6)),
-            "--gpu-architecture=sm_86"
-        );
     }
 }

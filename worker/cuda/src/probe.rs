@@ -1,10 +1,11 @@
 //! `worker probe` on a GPU: open a context, run a kernel, and report what this process gets:
 //! the device, its SMs, and (under MPS) the SMs its context is provisioned with.
 
-use cudarc::driver::sys::{self, CUdevice_attribute, CUexecAffinityType};
+use cudarc::driver::sys::CUdevice_attribute;
 use half::bf16;
 
 use crate::device::CudaEngine;
+use crate::driver::context;
 use crate::error::{CudaEngineError, DriverContext, Result};
 use crate::kernel_code::KernelBuild;
 
@@ -56,23 +57,7 @@ impl CudaEngine {
     /// SMs this context may use: the whole device's, or under MPS the active thread
     /// percentage's share (the device attribute keeps reporting the whole device).
     pub fn context_sm_count(&self) -> Result<u32> {
-        self.context()
-            .bind_to_thread()
-            .context(|| "binding the context".into())?;
-        let mut affinity = std::mem::MaybeUninit::<sys::CUexecAffinityParam>::zeroed();
-        // SAFETY: the context is current on this thread (bound above) and `affinity` is a
-        // writable CUexecAffinityParam; the driver fills it for the SM-count type we ask for.
-        let status = unsafe {
-            sys::cuCtxGetExecAffinity(
-                affinity.as_mut_ptr(),
-                CUexecAffinityType::CU_EXEC_AFFINITY_TYPE_SM_COUNT,
-            )
-        };
-        status
-            .result()
-            .context(|| "reading the context's SM affinity".into())?;
-        // SAFETY: the call succeeded, so the driver initialised the SM-count variant.
-        Ok(unsafe { affinity.assume_init().param.smCount.val })
+        context::context_sm_count(self.context())
     }
 
     /// Runs a conversion kernel on a few values and checks the result, then reads the device's

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaSlice;
 
 use crate::device::CudaEngine;
+use crate::driver::memory;
 use crate::error::{DriverContext, Result};
 use crate::shared_memory::SharedDeviceMemory;
 use crate::storage::Storage;
@@ -49,13 +50,9 @@ impl<S: Storage> WeightBuffer<S> {
             .context()
             .bind_to_thread()
             .context(|| "binding the context to allocate a weight".into())?;
-        // SAFETY: allocates `bytes` of device memory, owned by the returned value from here on.
-        let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes) }
+        // Owned by the returned value from here on; Drop releases it as `Backing::Own`.
+        let mut slice = memory::alloc_own::<S>(engine.stream(), host.len())
             .context(|| format!("allocating {bytes} bytes for a weight"))?;
-        // SAFETY: `ptr` holds `bytes` >= `host.len()` elements of S; the view is never freed by
-        // cudarc (Drop releases it as `Backing::Own`).
-        let mut slice =
-            ManuallyDrop::new(unsafe { engine.stream().upgrade_device_ptr::<S>(ptr, host.len()) });
         let weight_bytes = std::mem::size_of_val(host);
         let copied = engine
             .stream()
@@ -90,11 +87,13 @@ impl<S> WeightBuffer<S> {
         // keeps alive (the backing) for as long as the view exists; the view is released, never
         // freed, since the arena's memory is not a cuMemAlloc allocation.
         let view = unsafe {
-            engine
-                .stream()
-                .upgrade_device_ptr::<S>(arena.device_ptr() + offset as u64, self.slice.len())
+            memory::view::<S>(
+                engine.stream(),
+                arena.device_ptr() + offset as u64,
+                self.slice.len(),
+            )
         };
-        let old = std::mem::replace(&mut self.slice, ManuallyDrop::new(view));
+        let old = std::mem::replace(&mut self.slice, view);
         let old_backing = std::mem::replace(
             &mut self.backing,
             Backing::Arena {
@@ -124,16 +123,16 @@ impl<S> Drop for WeightBuffer<S> {
 
 /// Frees an own allocation once the work queued on it is done; forgets a view into an arena
 /// (the arena frees itself when its last user drops it).
+/// Failures are recorded (`driver::drop_errors`): this runs in Drop.
 fn release<S>(slice: ManuallyDrop<CudaSlice<S>>, backing: Backing) {
     let slice = ManuallyDrop::into_inner(slice);
-    let stream = slice.stream().clone();
-    let ptr = slice.leak();
-    if let Backing::Own = backing {
-        // Errors here leave nothing to undo (a dead context has freed everything already).
-        let _ = stream.synchronize();
-        // SAFETY: `ptr` came from `malloc_sync` in `upload`, nothing else refers to it, and the
-        // stream that used it is drained.
-        let _ = unsafe { cudarc::driver::result::free_sync(ptr) };
+    match backing {
+        // SAFETY: an own backing's view came from `alloc_own` in `upload`, and nothing else
+        // refers to its memory once the weight lets go of it.
+        Backing::Own => unsafe { memory::free_own(slice) },
+        Backing::Arena { .. } => {
+            slice.leak();
+        }
     }
 }
 
@@ -259,11 +258,7 @@ fn arena_view<S>(
 ) -> ManuallyDrop<CudaSlice<S>> {
     // SAFETY: callers pass offsets of an `ArenaLayout` whose total fits in `arena`, so the
     // range is mapped; the view is leaked, never freed, and does not outlive the call.
-    ManuallyDrop::new(unsafe {
-        engine
-            .stream()
-            .upgrade_device_ptr::<S>(arena.device_ptr() + offset as u64, len)
-    })
+    unsafe { memory::view::<S>(engine.stream(), arena.device_ptr() + offset as u64, len) }
 }
 
 #[cfg(test)]

@@ -9,15 +9,13 @@
 
 use std::fs::File;
 use std::io::ErrorKind;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-use nix::sys::socket::Shutdown;
 
 use sha2::{Digest, Sha256};
 
@@ -237,7 +235,7 @@ impl Drop for ShareServer {
         self.stop.store(true, Ordering::Release);
         // Wakes the accept loop: shutting the listening socket down makes a blocked accept
         // fail; connecting also works while the path exists.
-        let _ = nix::sys::socket::shutdown(self.waker.as_raw_fd(), Shutdown::Both);
+        let _ = rustix::net::shutdown(&self.waker, rustix::net::Shutdown::Both);
         let _ = UnixStream::connect(&self.path);
         let _ = std::fs::remove_file(&self.path);
         // Never hang a shutdown on it: a thread still blocked after a second is left behind.

@@ -11,10 +11,10 @@
 mod common;
 
 use common::{engine, Rng};
-use cuda_engine::{
-    bf16, AttentionShape, BLayout, CudaEngine, DepthwiseShape, LayerNormWeights, MatmulSpec,
-    Residual, RowShape,
+use cuda_engine::internals::{
+    AttentionShape, BLayout, DepthwiseShape, LayerNormWeights, MatmulSpec, Residual, RowShape,
 };
+use cuda_engine::{bf16, CudaEngine};
 use cudarc::driver::sys::CUevent_flags;
 
 const BATCH: usize = 16;

@@ -9,10 +9,11 @@
 mod common;
 
 use common::{assert_close, engine, for_each_storage, Rng, TestStorage};
-use cuda_engine::{
-    bf16, stride2_out_len, Conv2dShape, CudaEngine, HeadShape, LayerNormWeights, QkvHeads,
-    ResidualF32, RowShape, ScoreRows,
+use cuda_engine::internals::{
+    stride2_out_len, Conv2dShape, HeadShape, LayerNormWeights, QkvHeads, ResidualF32, RowShape,
+    ScoreRows,
 };
+use cuda_engine::{bf16, CudaEngine};
 
 /// Reference 3x3 stride-2 convolution of one channel plane, input frames `>= valid` as zero.
 /// Returns `(sum, sum of |terms|)`.
@@ -522,11 +523,11 @@ fn rel_pos_case<S: TestStorage>(engine: &CudaEngine) {
         (
             HeadShape {
                 batch: 2,
-                time: cuda_engine::REL_POS_WARP_KEYS + 37,
+                time: cuda_engine::internals::REL_POS_WARP_KEYS + 37,
                 heads: 1,
                 head_dim: 8,
             },
-            vec![cuda_engine::REL_POS_WARP_KEYS as i32 + 37, 600],
+            vec![cuda_engine::internals::REL_POS_WARP_KEYS as i32 + 37, 600],
         ),
     ];
     let scale = 0.25f32;

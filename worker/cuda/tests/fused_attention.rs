@@ -10,7 +10,8 @@
 mod common;
 
 use common::{assert_close, engine, poisoned_bf16, widen, Rng, BF16_ULP};
-use cuda_engine::{bf16, HeadShape, FUSED_ATTENTION_HEAD_DIM};
+use cuda_engine::bf16;
+use cuda_engine::internals::{HeadShape, FUSED_ATTENTION_HEAD_DIM};
 
 /// `out[b, i, h*D + e]` of the reference, and a bound per element: the kernel rounds the
 /// unnormalized probabilities to bf16 before `P·V` (one ulp of each term) and the output once.

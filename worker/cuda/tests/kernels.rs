@@ -19,10 +19,11 @@ use common::{
     assert_close, check_close, engine, for_each_storage, poisoned_bf16, poisoned_f32, to_f32,
     widen, Rng, TestStorage, BF16_ULP,
 };
-use cuda_engine::{
-    bf16, fold_batch_norm, AttentionShape, BLayout, BatchNorm, CudaEngine, CudaEngineError,
-    DepthwiseShape, LayerNormWeights, MatmulSpec, Residual, RowShape, StorageKind,
+use cuda_engine::internals::{
+    fold_batch_norm, AttentionShape, BLayout, BatchNorm, DepthwiseShape, LayerNormWeights,
+    MatmulSpec, Residual, RowShape,
 };
+use cuda_engine::{bf16, CudaEngine, CudaEngineError, DropErrors, StorageKind};
 
 fn sigmoid(v: f64) -> f64 {
     1.0 / (1.0 + (-v).exp())
@@ -685,6 +686,9 @@ fn matmul_linear_bf16_output_matches_reference_with_and_without_bias() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // Every product's cuBLASLt descriptors (and the engine's NVRTC programs) were destroyed
+    // without an error for Drop to record.
+    assert_eq!(cuda_engine::drop_errors(), DropErrors::default());
 }
 
 /// bf16 operands (the encoder's products), then f32 operands (the f32-storage encoder and the

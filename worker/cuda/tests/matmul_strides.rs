@@ -9,7 +9,8 @@
 mod common;
 
 use common::{assert_close, engine, poisoned_f32, Rng};
-use cuda_engine::{bf16, BLayout, HeadShape, MatmulSpec, MatmulStrides};
+use cuda_engine::bf16;
+use cuda_engine::internals::{BLayout, HeadShape, MatmulSpec, MatmulStrides};
 
 /// A host buffer addressed like the device one: `data[batch_index · batch + row · row + col]`.
 struct Strided<'a> {

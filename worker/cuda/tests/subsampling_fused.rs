@@ -12,7 +12,8 @@
 mod common;
 
 use common::{check_close, engine, for_each_storage, Rng, TestStorage};
-use cuda_engine::{bf16, stride2_out_len, Conv2dShape, Conv3x3, CudaEngine};
+use cuda_engine::internals::{stride2_out_len, Conv2dShape, Conv3x3};
+use cuda_engine::{bf16, CudaEngine};
 
 /// Shapes of conv0's input and the valid feature frames per utterance.
 fn cases() -> Vec<(Conv2dShape, Vec<i32>)> {

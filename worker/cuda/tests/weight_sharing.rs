@@ -11,7 +11,7 @@ use std::process::Command;
 
 use anyhow::{ensure, Context, Result};
 use common::{engine, fixtures, read_wav, CLIPS};
-use cuda_engine::{GpuParakeet, WeightShare, WeightSharing};
+use cuda_engine::{DropErrors, GpuParakeet, WeightShare, WeightSharing};
 use models::transcript::Hypothesis;
 
 const CHILD_TEST: &str = "weight_sharing_child";
@@ -100,6 +100,13 @@ fn processes_on_one_gpu_share_one_copy_of_the_weights() -> Result<()> {
         "first model, at the end"
     );
     drop(first); // stops its socket's thread before the directory goes
+                 // Unmapping the arena and freeing the private weight copies raised nothing for Drop to
+                 // record.
+    let dropped = cuda_engine::drop_errors();
+    ensure!(
+        dropped == DropErrors::default(),
+        "releases failed in Drop: {dropped:?}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

@@ -13,9 +13,13 @@
 //! replays a captured CUDA graph; larger batches launch the same kernel on a temporary
 //! workspace, with the same results.
 
+mod gpu_decoder;
+mod layout;
 mod steps;
 mod weights;
 mod workspace;
+
+pub use gpu_decoder::GpuDecoder;
 
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -31,9 +35,11 @@ use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
 use crate::matmul::MatmulSpec;
 use crate::storage::StorageKind;
-use steps::{DecodeLayout, DecoderDims, DECODE_THREADS};
+use layout::{
+    DecodeLayout, DecoderDims, DECODE_THREADS, DS_STEPS, RS_FIELDS, RS_FRAMES, RS_TIME, RS_TOKENS,
+};
 use weights::DecoderWeights;
-use workspace::{DecoderWorkspace, DS_STEPS, RS_FIELDS, RS_FRAMES, RS_TIME, RS_TOKENS};
+use workspace::DecoderWorkspace;
 
 /// Joint outputs (labels, blank, durations) the decoding kernel can index (16 bits).
 const MAX_OUTPUTS: usize = 0xffff;
@@ -44,23 +50,6 @@ pub struct DecoderEnvelope {
     pub max_batch: usize,
     /// Encoder frames (after subsampling) per utterance.
     pub max_frames: usize,
-}
-
-pub struct GpuDecoder {
-    cfg: DecoderConfig,
-    /// Which build of the decoding kernel runs, and the type of the matrices it reads.
-    storage: StorageKind,
-    d_model: usize,
-    weights: DecoderWeights,
-    /// Blocks of the cooperative decoding kernel: one per multiprocessor this context may use.
-    grid: usize,
-    /// Dynamic shared memory the decoding kernel may use per block (the device's opt-in limit).
-    max_shared_bytes: usize,
-    /// Streams the weights in pieces of this many rows even where they would stay resident
-    /// (tests and benchmarks: [`GpuDecoder::with_layout`]).
-    piece_rows: Option<usize>,
-    /// The envelope's workspace (with its graph), once warmed up.
-    warm: Mutex<Option<DecoderWorkspace>>,
 }
 
 impl GpuDecoder {
@@ -173,38 +162,10 @@ impl GpuDecoder {
         Ok(self)
     }
 
-    /// The decoding kernel's shared memory for `rows` rows on `grid` blocks.
-    pub(crate) fn layout(&self, rows: usize, grid: usize) -> Option<DecodeLayout> {
-        DecodeLayout::new(
-            DecoderDims::of(&self.cfg),
-            self.storage,
-            rows,
-            grid,
-            self.max_shared_bytes,
-            self.piece_rows,
-        )
-    }
-
-    pub(crate) fn hidden(&self) -> usize {
-        self.cfg.pred_hidden
-    }
-    pub(crate) fn joint_hidden(&self) -> usize {
-        self.cfg.joint_hidden
-    }
-    pub(crate) fn layers(&self) -> usize {
-        self.cfg.pred_rnn_layers
-    }
-    pub(crate) fn blank(&self) -> usize {
-        self.cfg.blank_id()
-    }
-    pub(crate) fn n_out(&self) -> usize {
-        DecoderDims::of(&self.cfg).n_out
-    }
-
     /// Allocates the envelope's workspace and captures its step graph. Call once, before
     /// serving (never while sibling MPS clients run work).
     pub fn warm_up(&self, engine: &CudaEngine, envelope: DecoderEnvelope) -> Result<()> {
-        let mut ws = DecoderWorkspace::new(engine, self, envelope.max_batch, envelope.max_frames)?;
+        let mut ws = self.new_workspace(engine, envelope.max_batch, envelope.max_frames)?;
         // Capture only records; the rows are reset (all unused) so nothing stale is ever live.
         self.reset(engine, &ws, 0)?;
         // A launch with no active rows returns at once; it settles the grid the driver accepts.
@@ -273,7 +234,7 @@ impl GpuDecoder {
         let ws = match warm.as_mut() {
             Some(ws) if ws.fits(enc.batch, enc.time) => ws,
             _ => {
-                eager = DecoderWorkspace::new(engine, self, enc.batch, enc.time)?;
+                eager = self.new_workspace(engine, enc.batch, enc.time)?;
                 &mut eager
             }
         };

@@ -1,23 +1,25 @@
 //! The decoder's device buffers for a row capacity and a frame capacity, allocated once (at
-//! warm-up for the envelope) so decoding allocates nothing, and their raw addresses for the
-//! kernels and the captured graph.
+//! warm-up for the envelope) so decoding allocates nothing, their raw addresses for the
+//! kernels and the captured graph, and that graph ([`StepGraph`]).
 
-use cudarc::driver::{CudaSlice, DevicePtr};
+use cudarc::driver::{CudaGraph, CudaSlice, DevicePtr};
 
 use crate::device::CudaEngine;
-use crate::error::{CudaEngineError, Result};
+use crate::error::{DriverContext, Result};
 
-use super::steps::{StepGraph, KEYS_PER_BLOCK_ROW};
-use super::GpuDecoder;
+use super::layout::{DS_FIELDS, KEYS_PER_BLOCK_ROW, RS_FIELDS};
 
-/// Fields per row of the row-state buffer (`RS_FIELDS` in `decoder.cu`).
-pub(crate) const RS_FIELDS: usize = 8;
-pub(crate) const RS_TOKENS: usize = 6;
-pub(crate) const RS_TIME: usize = 1;
-pub(crate) const RS_FRAMES: usize = 0;
-/// Fields of the loop bookkeeping buffer (`DS_FIELDS` in `decoder.cu`).
-pub(crate) const DS_FIELDS: usize = 3;
-pub(crate) const DS_STEPS: usize = 0;
+/// The decoder's sizes a workspace is allocated for (besides its rows and frames).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WorkspaceSizes {
+    pub(crate) hidden: usize,
+    pub(crate) joint_hidden: usize,
+    pub(crate) layers: usize,
+    /// Labels a row may emit per frame.
+    pub(crate) max_symbols: usize,
+    /// Blocks of the cooperative decoding kernel.
+    pub(crate) grid: usize,
+}
 
 /// Device addresses of the workspace buffers (valid while the workspace lives).
 pub(crate) struct Pointers {
@@ -65,27 +67,19 @@ pub(crate) struct DecoderWorkspace {
 }
 
 impl DecoderWorkspace {
+    /// Buffers for `rows` rows (at least 1) of at most `max_frames` frames (at least 1); the
+    /// caller checked that the decoding kernel's shared memory fits that many rows.
     pub(crate) fn new(
         engine: &CudaEngine,
-        decoder: &GpuDecoder,
+        sizes: WorkspaceSizes,
         rows: usize,
         max_frames: usize,
     ) -> Result<Self> {
-        let (h, j) = (decoder.hidden(), decoder.joint_hidden());
+        let (h, j) = (sizes.hidden, sizes.joint_hidden);
         let rows = rows.max(1);
         let max_frames = max_frames.max(1);
-        if decoder.layout(rows, decoder.grid).is_none() {
-            return Err(CudaEngineError::Shape {
-                op: "GpuDecoder workspace",
-                detail: format!(
-                    "{rows} rows do not fit the {} bytes of shared memory per block this GPU \
-                     allows",
-                    decoder.max_shared_bytes
-                ),
-            });
-        }
-        let token_capacity = max_frames * decoder.cfg.max_symbols_per_step.max(1);
-        let state_len = decoder.layers() * rows * h;
+        let token_capacity = max_frames * sizes.max_symbols.max(1);
+        let state_len = sizes.layers * rows * h;
         let rs = engine.zeros::<i32>(rows * RS_FIELDS)?;
         let ds = engine.zeros::<i32>(DS_FIELDS)?;
         let frames = engine.zeros::<i32>(rows)?;
@@ -105,10 +99,7 @@ impl DecoderWorkspace {
             .into_iter()
             .map(|(n, bits)| engine.upload(&vec![f32::from_bits(bits); n]))
             .collect::<Result<Vec<_>>>()?;
-        let keys = engine.upload(&vec![
-            u64::MAX;
-            2 * rows * decoder.grid * KEYS_PER_BLOCK_ROW
-        ])?;
+        let keys = engine.upload(&vec![u64::MAX; 2 * rows * sizes.grid * KEYS_PER_BLOCK_ROW])?;
         let stream = engine.stream();
         let addr = |s: &CudaSlice<f32>| s.device_ptr(stream).0;
         let addr_i32 = |s: &CudaSlice<i32>| s.device_ptr(stream).0;
@@ -140,7 +131,7 @@ impl DecoderWorkspace {
             _tagged: tagged,
             _keys: keys,
             ptr,
-            grid: decoder.grid,
+            grid: sizes.grid,
             graph: None,
         })
     }
@@ -155,5 +146,27 @@ impl DecoderWorkspace {
     /// Whether a batch of `batch` utterances of at most `frames` encoder frames fits.
     pub(crate) fn fits(&self, batch: usize, frames: usize) -> bool {
         batch <= self.rows && frames <= self.max_frames
+    }
+}
+
+/// The captured decoding launch on one workspace (its device addresses are baked in).
+pub(crate) struct StepGraph {
+    graph: CudaGraph,
+    pub(crate) max_steps: usize,
+}
+
+// SAFETY: a CUDA graph exec may be launched from any thread as long as calls are not
+// concurrent; the graph lives inside the decoder's workspace, which a mutex guards.
+unsafe impl Send for StepGraph {}
+
+impl StepGraph {
+    pub(crate) fn new(graph: CudaGraph, max_steps: usize) -> Self {
+        Self { graph, max_steps }
+    }
+
+    pub(crate) fn launch(&self) -> Result<()> {
+        self.graph
+            .launch()
+            .context(|| format!("replaying the decoder launch ({} steps)", self.max_steps))
     }
 }

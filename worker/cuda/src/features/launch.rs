@@ -3,7 +3,8 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
-use crate::device::{elementwise_config, CudaEngine, BLOCK_THREADS};
+use crate::device::CudaEngine;
+use crate::driver::launch::{elementwise_config, BLOCK_THREADS};
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
 use crate::ops::{check_len, to_i32, to_i64};

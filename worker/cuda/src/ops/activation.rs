@@ -4,7 +4,8 @@
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::{check_len, to_i32, to_i64};
-use crate::device::{CudaEngine, BLOCK_THREADS};
+use crate::device::CudaEngine;
+use crate::driver::launch::BLOCK_THREADS;
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
 use crate::storage::Storage;

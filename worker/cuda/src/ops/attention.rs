@@ -5,7 +5,8 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::activation::{pack_len, row_units_config};
 use super::{check_len, rows_for_grid, to_i32};
-use crate::device::{per_row_config, CudaEngine};
+use crate::device::CudaEngine;
+use crate::driver::launch::per_row_config;
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
 use crate::matmul::{BLayout, MatmulSpec, MatmulStrides};
@@ -312,7 +313,7 @@ impl CudaEngine {
     /// (`kernels/fused_attention.cu`, flash-style, no score buffers): `q_u`, `q_v`, `k`, `v`
     /// `[heads, batch, time, head_dim]` as [`CudaEngine::split_qkv_heads`] leaves them, `pos`
     /// the projected table `[2*time-1, d]` (row c: relative position `time-1-c`), `lengths`
-    /// `[batch]`. bf16 only, head_dim [`FUSED_ATTENTION_HEAD_DIM`], compute capability 8.0+.
+    /// `[batch]`. bf16 only, head_dim `FUSED_ATTENTION_HEAD_DIM`, compute capability 8.0+.
     #[allow(clippy::too_many_arguments)]
     pub fn rel_pos_attention<S: Storage>(
         &self,

@@ -5,7 +5,8 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::activation::pack_len;
 use super::{check_len, to_i32};
-use crate::device::{CudaEngine, BLOCK_THREADS};
+use crate::device::CudaEngine;
+use crate::driver::launch::BLOCK_THREADS;
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
 use crate::storage::Storage;

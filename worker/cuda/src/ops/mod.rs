@@ -9,16 +9,21 @@ mod residual_norm;
 mod softmax;
 mod subsampling;
 
-pub use attention::{HeadShape, QkvHeads, ScoreRows, FUSED_ATTENTION_HEAD_DIM, REL_POS_WARP_KEYS};
+pub use attention::{HeadShape, QkvHeads, ScoreRows};
+#[cfg(feature = "internals")]
+pub use attention::{FUSED_ATTENTION_HEAD_DIM, REL_POS_WARP_KEYS};
 pub use depthwise_conv::DepthwiseShape;
-pub use layer_norm::{LayerNormWeights, Residual, RowShape};
+#[cfg(feature = "internals")]
+pub use layer_norm::Residual;
+pub use layer_norm::{LayerNormWeights, RowShape};
 pub use residual_norm::ResidualF32;
 pub use softmax::AttentionShape;
 pub use subsampling::{stride2_out_len, Conv2dShape, Conv3x3};
 
 use cudarc::driver::{CudaSlice, DeviceRepr, PushKernelArg};
 
-use crate::device::{elementwise_config, CudaEngine};
+use crate::device::CudaEngine;
+use crate::driver::launch::elementwise_config;
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
 use crate::storage::StorageKind;

@@ -3,7 +3,8 @@
 use cudarc::driver::{CudaSlice, PushKernelArg};
 
 use super::{check_len, rows_for_grid, to_i32};
-use crate::device::{per_row_config, CudaEngine};
+use crate::device::CudaEngine;
+use crate::driver::launch::per_row_config;
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
 use crate::ops::{LayerNormWeights, RowShape};

@@ -4,7 +4,8 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::activation::pack_len;
 use super::{check_len, rows_for_grid, to_i32, to_i64};
-use crate::device::{elementwise_config, CudaEngine, BLOCK_THREADS};
+use crate::device::CudaEngine;
+use crate::driver::launch::{elementwise_config, BLOCK_THREADS};
 use crate::error::{CudaEngineError, Result};
 use crate::kernels::Kernel;
 use crate::storage::Storage;
