@@ -7,11 +7,11 @@
 use std::path::Path;
 
 use super::yaml::{as_f64, show, ConfigYaml, MAX_SETTING};
-use crate::config::{
+use crate::error::ModelError;
+use model_core::config::{
     AttentionModel, DecoderConfig, EncoderConfig, FeatureConfig, FeatureNormalization,
     ParakeetConfig, StftPadding,
 };
-use crate::error::ModelError;
 
 /// LayerNorm and BatchNorm epsilon: PyTorch defaults, which NeMo's Conformer never overrides.
 const NORM_EPS: f32 = 1e-5;

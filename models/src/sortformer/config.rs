@@ -8,8 +8,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::yaml::ConfigYaml;
-use crate::config::{EncoderConfig, FeatureConfig};
 use crate::error::ModelError;
+use model_core::config::{EncoderConfig, FeatureConfig};
 
 /// `transformer_encoder` (NeMo `TransformerEncoder`, post-LN, no positional encoding).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

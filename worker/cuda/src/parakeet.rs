@@ -6,10 +6,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use model_core::config::ParakeetConfig;
+use model_core::tdt::EncodedUtterance;
+use model_core::transcript::Hypothesis;
 use models::checkpoint::Checkpoint;
-use models::config::ParakeetConfig;
-use models::tdt::EncodedUtterance;
-use models::transcript::Hypothesis;
 use models::FeatureExtractor;
 
 use crate::decoder::{DecoderEnvelope, GpuDecoder};

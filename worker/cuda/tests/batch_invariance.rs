@@ -13,7 +13,7 @@ mod common;
 use anyhow::{ensure, Result};
 use common::{engine, fixtures, read_wav, CLIPS, MODELS};
 use cuda_engine::{EncoderPrecision, FeatureLocation, GpuParakeet};
-use models::tdt::EncodedUtterance;
+use model_core::tdt::EncodedUtterance;
 
 /// Differing values and the largest difference between two encodings of one clip.
 fn compare(a: &EncodedUtterance, b: &EncodedUtterance) -> (usize, f32) {

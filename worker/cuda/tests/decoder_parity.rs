@@ -1,4 +1,4 @@
-//! The GPU label-looping TDT decoder against the CPU decoder (`models::tdt::greedy_decode`) and
+//! The GPU label-looping TDT decoder against the CPU decoder (`model_core::tdt::greedy_decode`) and
 //! NeMo's recorded single-clip results, on both checked-in NeMo fixtures:
 //! - fed the CPU f32 encoder output, eager and through the warm-up graph, in one mixed-length
 //!   batch, one clip at a time, and in a batch larger than the graph's envelope: tokens,
@@ -20,9 +20,9 @@ use cuda_engine::{
     CudaEngine, DecoderEnvelope, EncoderOutput, EncoderPrecision, FeatureLocation, GpuDecoder,
     GpuParakeet, KernelCode, StorageKind,
 };
+use model_core::tdt::EncodedUtterance;
+use model_core::transcript::{DecodedToken, Hypothesis};
 use models::checkpoint::Checkpoint;
-use models::tdt::EncodedUtterance;
-use models::transcript::{DecodedToken, Hypothesis};
 use models::ParakeetModel;
 
 /// NeMo's single-clip hypothesis and smallest recorded logit margin per clip.

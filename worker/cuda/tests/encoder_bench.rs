@@ -18,8 +18,8 @@ use std::time::Instant;
 use anyhow::Result;
 use common::{engine, Rng};
 use cuda_engine::GpuEncoder;
+use model_core::config::{AttentionModel, EncoderConfig};
 use models::checkpoint::TensorMap;
-use models::config::{AttentionModel, EncoderConfig};
 use models::tensor::Tensor;
 use models::Features;
 

@@ -17,8 +17,8 @@ use std::path::Path;
 use anyhow::{ensure, Context, Result};
 use common::{engine, fixtures, read_wav, CLIPS, MODELS};
 use cuda_engine::GpuEncoder;
+use model_core::tdt::EncodedUtterance;
 use models::checkpoint::Checkpoint;
-use models::tdt::EncodedUtterance;
 use models::{Features, ParakeetModel};
 
 const MAX_REL_L2: f64 = 1e-2;

@@ -35,8 +35,8 @@ use std::collections::BTreeMap;
 use anyhow::{ensure, Context, Result};
 use common::{check_close, engine, fixtures, poisoned_f32, read_wav, Rng, CLIPS, MODELS};
 use cuda_engine::{CudaEngine, CudaEngineError, FeatureLayout, GpuEncoder, GpuFeatures};
+use model_core::config::{FeatureConfig, FeatureNormalization, StftPadding};
 use models::checkpoint::{Checkpoint, TensorMap};
-use models::config::{FeatureConfig, FeatureNormalization, StftPadding};
 use models::tensor::Tensor;
 use models::{FeatureExtractor, Features};
 

@@ -12,7 +12,7 @@ use std::process::Command;
 use anyhow::{ensure, Context, Result};
 use common::{engine, fixtures, read_wav, CLIPS};
 use cuda_engine::{DropErrors, GpuParakeet, WeightShare, WeightSharing};
-use models::transcript::Hypothesis;
+use model_core::transcript::Hypothesis;
 
 const CHILD_TEST: &str = "weight_sharing_child";
 

@@ -4,7 +4,7 @@
 
 use std::sync::Mutex;
 
-use models::config::DecoderConfig;
+use model_core::config::DecoderConfig;
 
 use crate::device::CudaEngine;
 use crate::error::{CudaEngineError, Result};

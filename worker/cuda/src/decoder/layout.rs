@@ -1,7 +1,7 @@
 //! The decoding kernel's fixed shapes (`kernels/decoder.cu`): its block, the fields of its
 //! row-state and bookkeeping buffers, and the layout of its dynamic shared memory.
 
-use models::config::DecoderConfig;
+use model_core::config::DecoderConfig;
 
 use crate::storage::StorageKind;
 

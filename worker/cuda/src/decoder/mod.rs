@@ -24,9 +24,9 @@ pub use gpu_decoder::GpuDecoder;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use model_core::config::DecoderConfig;
+use model_core::transcript::{DecodedToken, Hypothesis};
 use models::checkpoint::Checkpoint;
-use models::config::DecoderConfig;
-use models::transcript::{DecodedToken, Hypothesis};
 use models::ModelError;
 
 use crate::device::CudaEngine;

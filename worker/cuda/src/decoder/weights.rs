@@ -7,8 +7,8 @@
 
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use half::bf16;
+use model_core::config::{DecoderConfig, EncoderConfig};
 use models::checkpoint::TensorMap;
-use models::config::{DecoderConfig, EncoderConfig};
 use models::ModelError;
 
 use crate::device::CudaEngine;

@@ -3,8 +3,8 @@
 //! The residual stream `x` stays in f32; every block's input is LayerNorm'd to bf16.
 
 use cudarc::driver::CudaSlice;
+use model_core::config::{AttentionModel, EncoderConfig};
 use models::checkpoint::TensorMap;
-use models::config::{AttentionModel, EncoderConfig};
 
 use super::profile::{lap, Laps, Stage};
 use super::weights::{DeviceDepthwise, DeviceLayerNorm, DeviceLinear};

@@ -7,7 +7,6 @@
 
 mod device_input;
 mod layer;
-mod pos_table;
 mod profile;
 mod subsampling;
 pub(crate) mod weights;
@@ -16,10 +15,10 @@ mod workspace;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cudarc::driver::CudaSlice;
+use model_core::config::{AttentionModel, EncoderConfig};
+use model_core::tdt::EncodedUtterance;
 use models::checkpoint::{Checkpoint, TensorMap};
-use models::config::{AttentionModel, EncoderConfig};
 use models::features::Features;
-use models::tdt::EncodedUtterance;
 use models::ModelError;
 
 use crate::device::CudaEngine;

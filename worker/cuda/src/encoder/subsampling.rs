@@ -8,8 +8,8 @@
 //! x-scaling (`√d_model`) is folded into the `out` weight and bias.
 
 use cudarc::driver::CudaSlice;
+use model_core::config::EncoderConfig;
 use models::checkpoint::TensorMap;
-use models::config::EncoderConfig;
 use models::ModelError;
 
 use super::weights::{load_f32, DeviceLinear};
@@ -18,6 +18,7 @@ use crate::error::Result;
 use crate::ops::{stride2_out_len, Conv2dShape, Conv3x3};
 use crate::storage::Storage;
 use crate::weight_arena::WeightBuffer;
+use model_core::encoder::subsampled_len;
 
 struct DepthwiseStage<S> {
     weight: CudaSlice<f32>,
@@ -165,7 +166,7 @@ impl<S: Storage> Subsampling<S> {
 
     /// Output frames for `time` padded feature frames.
     pub(crate) fn out_time(&self, time: usize) -> usize {
-        (0..self.n_stages()).fold(time, |t, _| stride2_out_len(t))
+        subsampled_len(time, self.n_stages())
     }
 
     /// Elements of each of the two scratch buffers `forward` needs: the first stage's output

@@ -3,8 +3,8 @@
 //! fused into one `[3d, d]` weight.
 
 use cudarc::driver::CudaSlice;
+use model_core::config::EncoderConfig;
 use models::checkpoint::TensorMap;
-use models::config::EncoderConfig;
 
 use crate::device::CudaEngine;
 use crate::error::Result;

@@ -2,14 +2,14 @@
 //! every layer and by later passes of the same shape (the encoder caches one).
 
 use cudarc::driver::CudaSlice;
-use models::config::AttentionModel;
+use model_core::config::AttentionModel;
 
-use super::pos_table::{positions_for, table_for};
 use super::weights::upload_storage;
 use crate::device::CudaEngine;
 use crate::error::Result;
 use crate::ops::HeadShape;
 use crate::storage::Storage;
+use model_core::encoder::{position_rows, position_table};
 
 /// The input shape a workspace was sized for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,7 +87,7 @@ impl<S: Storage> Workspace<S> {
         let (shape, ff_hidden) = (size.shape, size.ff_hidden);
         let n = shape.elements();
         let rows = shape.batch * shape.time;
-        let positions = positions_for(size.attention, shape.time);
+        let positions = position_rows(size.attention, shape.time);
         let d = shape.d_model();
         // The fused kernel keeps scores on chip: no score, probability or per-head buffers.
         let unfused = |elements: usize| if size.fused_attention { 1 } else { elements };
@@ -110,7 +110,7 @@ impl<S: Storage> Workspace<S> {
             q_v: engine.zeros(n)?,
             k: engine.zeros(n)?,
             v: engine.zeros(n)?,
-            pos_table: upload_storage(engine, &table_for(size.attention, shape.time, d))?,
+            pos_table: upload_storage(engine, &position_table(size.attention, shape.time, d))?,
             pos_projected: engine.zeros(positions * d)?,
             scores_ac: engine.zeros(scores)?,
             scores_bd: engine.zeros(unfused(

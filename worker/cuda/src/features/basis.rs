@@ -1,6 +1,6 @@
 //! The host-side constants of the device features: the window-folded real DFT basis.
 
-use models::config::FeatureConfig;
+use model_core::config::FeatureConfig;
 
 /// Samples of a frame that the window covers: the centred window's offset inside `n_fft`, and
 /// its length. Only these samples reach the DFT, so the basis is `win` wide, not `n_fft`.
@@ -37,8 +37,8 @@ pub(crate) fn valid_frames(cfg: &FeatureConfig, n_samples: usize) -> usize {
     }
     let frames = n_samples / cfg.hop_length_samples;
     match cfg.stft_padding {
-        models::config::StftPadding::Zeros => frames,
-        models::config::StftPadding::Reflect => frames + 1,
+        model_core::config::StftPadding::Zeros => frames,
+        model_core::config::StftPadding::Reflect => frames + 1,
     }
 }
 
@@ -48,7 +48,7 @@ mod tests {
     //! product, power, mel, log, normalisation) against the CPU reference: proves the basis's
     //! phase, offset and window folding, and measures the error the parity test allows for.
     use super::*;
-    use models::config::{FeatureNormalization, StftPadding};
+    use model_core::config::{FeatureNormalization, StftPadding};
     use models::tensor::Tensor;
     use models::FeatureExtractor;
 

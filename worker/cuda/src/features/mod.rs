@@ -22,8 +22,8 @@ mod launch;
 use std::sync::{Mutex, PoisonError};
 
 use cudarc::driver::CudaSlice;
+use model_core::config::{FeatureConfig, FeatureNormalization, StftPadding};
 use models::checkpoint::Checkpoint;
-use models::config::{FeatureConfig, FeatureNormalization, StftPadding};
 use models::FeatureExtractor;
 
 use crate::device::CudaEngine;

@@ -1,6 +1,8 @@
 //! The dw_striding subsampling convolutions (3x3, stride 2, padding 1), channels-last.
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+/// Output length of one stride-2 3x3 convolution (shared with the CPU engine).
+pub use model_core::encoder::stride2_out_len;
 
 use super::activation::pack_len;
 use super::{check_len, rows_for_grid, to_i32, to_i64};
@@ -21,15 +23,6 @@ const FUSED_BLOCK_THREADS: usize = 128;
 /// The fused kernel splits output rows into shorter column runs (more threads, a little more
 /// conv0 recomputation at each run's start) until about this many threads run.
 const FUSED_TARGET_THREADS: usize = 1 << 17;
-
-/// Output length of one `kernel 3, stride 2, padding 1` convolution.
-pub fn stride2_out_len(n: usize) -> usize {
-    if n == 0 {
-        0
-    } else {
-        (n - 1) / 2 + 1
-    }
-}
 
 /// One stride-2 3x3 convolution: input `[batch, time, freq(, channels)]`, output
 /// `[batch, stride2_out_len(time), stride2_out_len(freq), channels]`.

@@ -10,9 +10,9 @@ mod head;
 
 use std::path::Path;
 
+use model_core::speakers::SpeakerSegment;
 use models::features::Features;
 use models::sortformer::{Sortformer, SortformerCheckpoint, SortformerConfig, SpeakerNetwork};
-use models::speakers::SpeakerSegment;
 
 use crate::device::CudaEngine;
 use crate::encoder::GpuEncoder;

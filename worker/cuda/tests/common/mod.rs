@@ -302,7 +302,7 @@ pub const CLIPS: [&str; 8] = [
 /// embedding std 1, joint biases std 0.1, and `blank_bias` added to the blank logit's bias.
 pub fn random_decoder_tensors(
     rng: &mut Rng,
-    cfg: &models::config::DecoderConfig,
+    cfg: &model_core::config::DecoderConfig,
     d_model: usize,
     out_gain: f64,
     blank_bias: f32,
