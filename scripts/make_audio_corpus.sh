@@ -28,6 +28,10 @@ ff -i speech_16k_mono.wav -c:a libopus -b:a 24k speech.opus.ogg
 ff -i speech_16k_mono.wav -c:a libopus -b:a 24k speech.webm
 # IMA ADPCM in WAV (symphonia decodes it; proves the "odd WAV codec" path is not a failure).
 sox -R speech_16k_mono.wav -e ima-adpcm speech_ima_adpcm.wav
+# MP3 and MP2 inside WAVE (format tags 0x0055 and 0x0050, as phones and dictation systems write
+# them): symphonia's WAV reader refuses both tags, the crate demuxes the data chunk itself.
+ff -i speech_16k_mono.wav -ar 44100 -ac 1 -c:a libmp3lame -b:a 32k -f wav speech_mp3.wav
+ff -i speech_16k_mono.wav -ar 44100 -ac 1 -c:a mp2 -b:a 32k -f wav speech_mp2.wav
 
 # ── Bad / edge set ──
 : > empty.wav                                                   # 0 bytes
@@ -54,6 +58,11 @@ sox -R speech_16k_mono.wav -r 8000 rate_8k.wav
 sox -R -n -r 96000 -b 16 -c 1 rate_96k.wav synth 0.5 sine 1000 gain -6
 sox -R -n -r 4000 -b 16 -c 1 rate_4k.wav synth 0.5 sine 500 gain -6
 sox -R -n -r 16000 -b 16 -c 8 channels_8.wav synth 0.5 sine 300 gain -6
+# Microphone arrays, 8 kHz to stay small: 32 channels as sox writes them (WAVE_FORMAT_EXTENSIBLE,
+# no channel mask) and 33 (one over the default limit) as ffmpeg writes them (plain PCM).
+sox -R -n -r 8000 -b 16 -c 32 channels_32.wav synth 0.3 sine 300 gain -6
+sox -R -n -r 8000 -b 16 -c 33 "$tmp/channels_33.wav" synth 0.2 sine 300 gain -6
+ff -i "$tmp/channels_33.wav" -c:a pcm_s16le channels_33.wav
 
 # WAV headers that lie about the data length (44-byte canonical header: RIFF size at offset 4,
 # data size at offset 40).

@@ -214,7 +214,7 @@ both_backends!(heartbeats_keep_a_long_job_invisible, 3);
 
 async fn bad_audio_set(backend: Backend) {
     // (file, expected reason code, or None when the file is valid audio and must transcribe)
-    let cases: [(&str, Option<&str>); 12] = [
+    let cases: [(&str, Option<&str>); 15] = [
         ("empty.wav", Some("empty")),
         ("truncated.wav", None),
         ("truncated.mp3", None),
@@ -225,7 +225,10 @@ async fn bad_audio_set(backend: Backend) {
         ("silence_2s.wav", None),
         ("rate_8k.wav", None),
         ("rate_96k.wav", None),
-        ("channels_8.wav", Some("too_many_channels")),
+        ("speech_mp3.wav", None), // MP3 inside WAVE (format tag 0x0055)
+        ("channels_8.wav", None),
+        ("channels_32.wav", None), // a 32-microphone array, downmixed
+        ("channels_33.wav", Some("too_many_channels")),
         ("lying_header_huge.wav", None),
     ];
     for (name, _) in &cases {

@@ -1,7 +1,7 @@
 //! Untrusted bytes → 16 kHz mono f32: probe, check limits, decode packet by packet, downmix,
 //! resample. Any panic inside the decoders is caught and becomes a typed error.
 
-use std::io::Cursor;
+use std::io::{Cursor, Seek, SeekFrom};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -11,12 +11,15 @@ use symphonia::core::codecs::registry::CodecRegistry;
 use symphonia::core::errors::Error as SymError;
 use symphonia::core::formats::probe::Hint;
 use symphonia::core::formats::{FormatOptions, FormatReader, TrackType};
-use symphonia::core::io::{MediaSource, MediaSourceStream};
+use symphonia::core::io::{MediaSource, MediaSourceStream, ReadOnlySource};
 use symphonia::core::meta::MetadataOptions;
+use symphonia::core::packet::Packet;
+use symphonia::default::formats::MpaReader;
 
 use crate::error::AudioError;
 use crate::limits::AudioLimits;
 use crate::resample::{MonoResampler, TARGET_SAMPLE_RATE_HZ};
+use crate::wave::{self, WaveCodec};
 
 /// A decoded recording, ready for the model.
 #[derive(Clone, Debug)]
@@ -123,28 +126,12 @@ fn decode_source(
     limits: &AudioLimits,
 ) -> Result<DecodedAudio, AudioError> {
     let started = Instant::now();
-    let mut hint = Hint::new();
-    if let Some(ext) = hint_ext {
-        hint.with_extension(ext.trim_start_matches('.'));
-    }
-    let stream = MediaSourceStream::new(source, Default::default());
-    let mut format = symphonia::default::get_probe()
-        .probe(
-            &hint,
-            stream,
-            FormatOptions::default(),
-            MetadataOptions::default(),
-        )
-        .map_err(|e| match e {
-            SymError::IoError(io)
-                if origin == Origin::File && io.kind() != std::io::ErrorKind::UnexpectedEof =>
-            {
-                AudioError::Io(io)
-            }
-            other => probe_error(other),
-        })?;
-
-    let (track_id, params, declared_frames) = select_track(format.as_ref())?;
+    let Demuxed {
+        mut packets,
+        track_id,
+        params,
+        declared_frames,
+    } = demux(source, origin, hint_ext)?;
     check_declared(&params, declared_frames, limits)?;
     let mut decoder = codecs()
         .make_audio_decoder(&params, &AudioDecoderOptions::default())
@@ -163,7 +150,7 @@ fn decode_source(
                 timeout_secs: limits.decode_timeout_secs,
             });
         }
-        let packet = match format.next_packet() {
+        let packet = match packets.next_packet() {
             Ok(Some(packet)) => packet,
             Ok(None) => break,
             Err(SymError::IoError(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
@@ -204,6 +191,122 @@ fn decode_source(
         }
     }
     state.finish(declared_frames, ended_early)
+}
+
+/// The one audio track to decode, and where its packets come from.
+struct Demuxed<'s> {
+    packets: Packets<'s>,
+    track_id: u32,
+    params: AudioCodecParameters,
+    declared_frames: Option<u64>,
+}
+
+enum Packets<'s> {
+    Container(Box<dyn FormatReader + 's>),
+    /// WAVE PCM with more channels than symphonia's WAV reader maps.
+    WavePcm(wave::PcmPackets<'s>),
+}
+
+impl Packets<'_> {
+    fn next_packet(&mut self) -> symphonia::core::errors::Result<Option<Packet>> {
+        match self {
+            Packets::Container(format) => format.next_packet(),
+            Packets::WavePcm(pcm) => Ok(pcm.next_packet()?),
+        }
+    }
+}
+
+/// Probes the content, except for the WAVE files symphonia refuses (`wave`): MPEG audio inside
+/// WAVE is demuxed from the `data` chunk as an MPEG stream, many-channel PCM by `wave` itself.
+fn demux<'s>(
+    mut source: Box<dyn MediaSource + 's>,
+    origin: Origin,
+    hint_ext: Option<&str>,
+) -> Result<Demuxed<'s>, AudioError> {
+    let wave = match source.byte_len() {
+        Some(len) => wave::read_header(&mut source, len)?,
+        None => None,
+    };
+    let format = match wave {
+        None => {
+            source.seek(SeekFrom::Start(0))?;
+            probe(source, hint_ext).map_err(|e| open_error(e, origin))?
+        }
+        Some(header) => match &header.codec {
+            WaveCodec::Mpeg => {
+                let cut = header.is_cut();
+                if cut {
+                    tracing::warn!(
+                        declared = header.declared_data_len,
+                        present = header.data.end - header.data.start,
+                        "MPEG-in-WAVE data chunk is cut short; decoding the frames present"
+                    );
+                }
+                let data = ReadOnlySource::new(wave::data_reader(source, &header.data)?);
+                let stream = MediaSourceStream::new(Box::new(data), Default::default());
+                // The reader searches the whole chunk for a first frame: finding none in a
+                // complete chunk means it holds no MPEG audio, not that it ends early.
+                let reader =
+                    MpaReader::try_new(stream, FormatOptions::default()).map_err(|e| match e {
+                        SymError::IoError(io)
+                            if io.kind() == std::io::ErrorKind::UnexpectedEof && !cut =>
+                        {
+                            AudioError::Corrupt {
+                                detail: "no MPEG audio frame in the WAVE data chunk".to_owned(),
+                            }
+                        }
+                        other => open_error(other, origin),
+                    })?;
+                Box::new(reader)
+            }
+            WaveCodec::Pcm(format) => {
+                let (params, declared_frames, packets) =
+                    wave::PcmPackets::open(source, format, &header)?;
+                return Ok(Demuxed {
+                    packets: Packets::WavePcm(packets),
+                    track_id: 0,
+                    params,
+                    declared_frames,
+                });
+            }
+        },
+    };
+    let (track_id, params, declared_frames) = select_track(format.as_ref())?;
+    Ok(Demuxed {
+        packets: Packets::Container(format),
+        track_id,
+        params,
+        declared_frames,
+    })
+}
+
+fn probe<'s>(
+    source: Box<dyn MediaSource + 's>,
+    hint_ext: Option<&str>,
+) -> symphonia::core::errors::Result<Box<dyn FormatReader + 's>> {
+    let mut hint = Hint::new();
+    if let Some(ext) = hint_ext {
+        hint.with_extension(ext.trim_start_matches('.'));
+    }
+    let stream = MediaSourceStream::new(source, Default::default());
+    symphonia::default::get_probe().probe(
+        &hint,
+        stream,
+        FormatOptions::default(),
+        MetadataOptions::default(),
+    )
+}
+
+/// A read error from a file (other than its end) is the disk's; the rest is the content's.
+fn open_error(e: SymError, origin: Origin) -> AudioError {
+    match e {
+        SymError::IoError(io)
+            if origin == Origin::File && io.kind() != std::io::ErrorKind::UnexpectedEof =>
+        {
+            AudioError::Io(io)
+        }
+        other => probe_error(other),
+    }
 }
 
 fn select_track(

@@ -1,7 +1,8 @@
 //! Untrusted audio bytes to 16 kHz mono f32 PCM, and long recordings cut into segments.
 //!
 //! Decoding: symphonia (WAV, FLAC, MP3, AAC in M4A/ADTS, Vorbis, OGG, MKV/WebM, CAF, AIFF, ADPCM,
-//! ALAC) plus Opus through libopus; channels are averaged to mono and resampled with rubato's FFT
+//! ALAC) plus Opus through libopus, and MPEG audio or 19+ channels of PCM inside WAVE, which
+//! symphonia's WAV reader refuses; channels are averaged to mono and resampled with rubato's FFT
 //! resampler. Every failure is one [`AudioError`] with a stable
 //! [`reason_code`](AudioError::reason_code); malformed input never panics or hangs the caller
 //! (limits are checked before allocation, the frame budget and a wall-clock budget bound the
@@ -12,6 +13,7 @@ mod error;
 mod limits;
 mod resample;
 mod segment;
+mod wave;
 
 pub use decode::{check_input_size, decode, decode_file, DecodedAudio};
 pub use error::AudioError;

@@ -16,9 +16,11 @@ pub struct AudioLimits {
     pub max_duration_secs: u64,
     /// Shortest accepted recording (160 ms, like AssemblyAI): shorter clips cannot hold a word.
     pub min_duration_ms: u64,
-    /// Most channels accepted. 6 covers mono, stereo and 5.1; 7.1 and 8+-channel microphone
-    /// arrays are rejected (`too_many_channels`) because a plain mean of independent array
-    /// microphones smears speech, and they are outside the recordings we serve.
+    /// Most channels accepted (more: `too_many_channels`, before decoding). 32 covers mono,
+    /// stereo, 5.1, 7.1 and microphone arrays of up to 32 capsules. Every layout is downmixed
+    /// by the plain mean of its channels: right for surround mixes, a compromise for arrays,
+    /// whose independent microphones hear the talker at different delays (the mean smears
+    /// speech somewhat; beamforming would not, but needs the array's geometry).
     pub max_channels: usize,
     /// Lowest accepted source sample rate (8 kHz telephony is common and transcribes fine).
     pub min_sample_rate_hz: u32,
@@ -37,7 +39,7 @@ impl Default for AudioLimits {
             max_input_bytes: 2 * 1024 * 1024 * 1024,
             max_duration_secs: 4 * 3600,
             min_duration_ms: 160,
-            max_channels: 6,
+            max_channels: 32,
             min_sample_rate_hz: 8_000,
             max_sample_rate_hz: 96_000,
             max_corrupt_packets: 32,

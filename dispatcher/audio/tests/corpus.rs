@@ -31,6 +31,9 @@ const CORPUS: &[(&str, Expect)] = &[
     // Matroska carries the encoder's input rate; libopus decodes straight to it.
     ("speech.webm", Ok(16_000, 1)),
     ("speech_ima_adpcm.wav", Ok(16_000, 1)),
+    // MPEG audio inside WAVE (format tags 0x0055, 0x0050): rate and channels from the stream.
+    ("speech_mp3.wav", Ok(44_100, 1)),
+    ("speech_mp2.wav", Ok(44_100, 1)),
     // Documented successes from the bad-audio list.
     ("mp3_named.wav", Ok(44_100, 2)), // content decides, not the extension
     ("clip_160ms.wav", Ok(16_000, 1)), // exactly the minimum
@@ -38,6 +41,9 @@ const CORPUS: &[(&str, Expect)] = &[
     ("rate_8k.wav", Ok(8_000, 1)),
     ("rate_96k.wav", Ok(96_000, 1)),
     ("streaming_header.wav", Ok(16_000, 1)), // 0xFFFFFFFF sizes = length unknown
+    // Microphone arrays are downmixed by the mean, up to 32 channels by default.
+    ("channels_8.wav", Ok(16_000, 8)),
+    ("channels_32.wav", Ok(8_000, 32)),
     // Typed failures.
     ("empty.wav", Err("empty")),
     ("truncated.wav", Err("truncated")),
@@ -52,7 +58,7 @@ const CORPUS: &[(&str, Expect)] = &[
     ("ac3.mka", Err("unsupported_codec")),
     ("clip_100ms.wav", Err("too_short")),
     ("rate_4k.wav", Err("unsupported_sample_rate")),
-    ("channels_8.wav", Err("too_many_channels")),
+    ("channels_33.wav", Err("too_many_channels")),
     ("lying_header_long.wav", Err("truncated")),
     ("lying_header_huge.wav", Err("too_long")),
     ("lying_header_inconsistent.wav", Err("corrupt")),
@@ -138,7 +144,9 @@ fn minimum_duration_boundary_is_exact() {
 ///   at 44.1 kHz, plus padding to the last 1024-frame block) stays in: about +42 ms;
 /// - WebM/MKA Opus: Matroska's CodecDelay (pre-skip, 312 frames at 48 kHz) is not trimmed,
 ///   plus the final frame's padding: about +11 ms;
-/// - IMA ADPCM: the last block is padded to full size: about +13 ms.
+/// - IMA ADPCM: the last block is padded to full size: about +13 ms;
+/// - MP3 / MP2 inside WAVE: no LAME tag tells the decoder the encoder delay and padding, so
+///   both stay in: MP3 starts 1105 frames at 44.1 kHz late (+45 ms in all), MP2 481 (+19 ms).
 #[test]
 fn good_formats_decode_to_the_reference_length_and_content() {
     let reference = timed_decode("speech_16k_mono.wav")
@@ -156,6 +164,8 @@ fn good_formats_decode_to_the_reference_length_and_content() {
         ("speech.m4a", 700, 371, 0.9),
         ("speech.webm", 200, 0, 0.9),
         ("speech_ima_adpcm.wav", 220, 0, 0.95),
+        ("speech_mp3.wav", 730, 401, 0.95),
+        ("speech_mp2.wav", 310, 175, 0.9),
     ];
     for &(name, extra, delay, min_corr) in cases {
         let a = timed_decode(name)
@@ -178,15 +188,52 @@ fn good_formats_decode_to_the_reference_length_and_content() {
     }
 }
 
+/// MPEG inside WAVE trusts no chunk size: a `data` size past the end or 0xFFFFFFFF means "to
+/// the end of the input", and a chunk without MPEG frames is a typed error.
+#[test]
+fn mpeg_in_wave_edge_cases_have_typed_outcomes() {
+    let src = read("speech_mp3.wav");
+    let at = src
+        .windows(4)
+        .position(|w| w == b"data")
+        .expect("data chunk");
+    let body = at + 8;
+    let decode_wav = |bytes: &[u8]| decode(bytes, Some("wav"), &AudioLimits::default());
+    let full = decode_wav(&src).expect("decodes").pcm_16k.len();
+    // Cut in half: the frames present decode (no frame count to call it truncated).
+    let half = decode_wav(&src[..body + (src.len() - body) / 2]).expect("half decodes");
+    assert!(
+        half.pcm_16k.len().abs_diff(full / 2) < 1_000,
+        "{}",
+        half.pcm_16k.len()
+    );
+    // Streaming writers' sizes, and a chunk after the data chunk.
+    let mut streaming = src.clone();
+    streaming[4..8].copy_from_slice(&[0xFF; 4]);
+    streaming[at + 4..body].copy_from_slice(&[0xFF; 4]);
+    assert_eq!(decode_wav(&streaming).expect("decodes").pcm_16k.len(), full);
+    let trailing = [&src[..], b"LIST\x04\0\0\0abcd"].concat();
+    assert_eq!(decode_wav(&trailing).expect("decodes").pcm_16k.len(), full);
+    // A complete chunk with no MPEG frame in it; a header whose data never arrived.
+    let mut zeros = src.clone();
+    zeros[body..].fill(0);
+    let code = |bytes: &[u8]| decode_wav(bytes).err().map(|e| e.reason_code());
+    assert_eq!(code(&zeros), Some("corrupt"));
+    assert_eq!(code(&src[..body]), Some("truncated"));
+}
+
 #[test]
 fn decoding_from_a_file_matches_decoding_from_bytes() {
-    let path = data_dir().join("speech.opus.ogg");
-    let from_file = decode_file(
-        std::fs::File::open(&path).expect("open"),
-        Some("ogg"),
-        &AudioLimits::default(),
-    )
-    .expect("file decodes");
-    let from_bytes = timed_decode("speech.opus.ogg").0.expect("bytes decode");
-    assert_eq!(from_file.pcm_16k, from_bytes.pcm_16k);
+    // One symphonia container, and both of the crate's own WAVE paths (MPEG inside, 32 channels).
+    for name in ["speech.opus.ogg", "speech_mp3.wav", "channels_32.wav"] {
+        let path = data_dir().join(name);
+        let from_file = decode_file(
+            std::fs::File::open(&path).expect("open"),
+            ext(name),
+            &AudioLimits::default(),
+        )
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let from_bytes = timed_decode(name).0.expect("bytes decode");
+        assert_eq!(from_file.pcm_16k, from_bytes.pcm_16k, "{name}");
+    }
 }

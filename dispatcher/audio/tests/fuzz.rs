@@ -18,6 +18,8 @@ const FILES: &[&str] = &[
     "speech.opus.ogg",
     "speech.webm",
     "speech_ima_adpcm.wav",
+    "speech_mp3.wav",
+    "channels_32.wav",
 ];
 /// Per file; `AUDIO_FUZZ_MUTATIONS=5000` for a longer local run.
 fn mutations_per_file() -> usize {
@@ -108,21 +110,41 @@ fn mutated_files_never_panic_or_hang() {
     assert_eq!(outcomes.values().sum::<usize>(), FILES.len() * per_file);
 }
 
-/// Found by the fuzzer above: a WAV `fmt ` chunk with 65535 channels of 32-bit PCM makes
-/// symphonia-format-riff 0.6.1 overflow a u16 multiply (wave/chunks.rs:100). With overflow
-/// checks (debug/test builds) that is a panic, which must come back as `decoder_panic`; without
-/// them (release) the value wraps and the channel limit rejects the file.
+/// symphonia-format-riff 0.6.1 shifts a u32 by the number of channels missing from a
+/// WAVE_FORMAT_EXTENSIBLE channel mask (wave/chunks.rs:690), which overflows at 32 channels
+/// without a mask. The crate demuxes many-channel PCM itself but leaves A-law to symphonia, so
+/// channels_32.wav relabelled as 8-bit A-law still reaches that shift. With overflow checks
+/// (debug/test builds) it is a panic, which must come back as `decoder_panic`; without them
+/// (release) the mask stays empty and the reader refuses a zero-width frame (`corrupt`).
 #[test]
 fn a_decoder_panic_is_caught_and_typed() {
-    let mut data = read("speech_16k_mono.wav");
-    data[22..24].copy_from_slice(&u16::MAX.to_le_bytes()); // channels
-    data[34..36].copy_from_slice(&32u16.to_le_bytes()); // bits per sample
+    let mut data = read("channels_32.wav");
+    assert_eq!(
+        &data[20..24],
+        b"\xfe\xff\x20\x00",
+        "EXTENSIBLE, 32 channels"
+    );
+    data[34..36].copy_from_slice(&8u16.to_le_bytes()); // bits per sample
+    data[38..40].copy_from_slice(&8u16.to_le_bytes()); // valid bits per sample
+    data[44] = 0x06; // sub-format GUID: KSDATAFORMAT_SUBTYPE_ALAW
     let e = decode(&data, Some("wav"), &AudioLimits::default()).expect_err("must not decode");
     let expected = if cfg!(debug_assertions) {
         "decoder_panic"
     } else {
-        "too_many_channels"
+        "corrupt"
     };
     assert_eq!(e.reason_code(), expected, "{e}");
     assert!(e.is_permanent());
+}
+
+/// Found by the fuzzer above: a `fmt ` chunk with 65535 channels of 32-bit PCM made
+/// symphonia-format-riff overflow a u16 multiply (wave/chunks.rs:100). The crate demuxes PCM of
+/// more than 18 channels itself now, so the channel limit refuses it before anything is read.
+#[test]
+fn a_huge_channel_count_is_refused_before_decoding() {
+    let mut data = read("speech_16k_mono.wav");
+    data[22..24].copy_from_slice(&u16::MAX.to_le_bytes()); // channels
+    data[34..36].copy_from_slice(&32u16.to_le_bytes()); // bits per sample
+    let e = decode(&data, Some("wav"), &AudioLimits::default()).expect_err("must not decode");
+    assert_eq!(e.reason_code(), "too_many_channels", "{e}");
 }

@@ -62,13 +62,47 @@ fn running_budget_stops_a_stream_without_a_declared_length() {
 
 #[test]
 fn channel_limit_is_configurable() {
-    let bytes = read("channels_8.wav");
-    let a = decode(&bytes, Some("wav"), &with(|l| l.max_channels = 8)).expect("8 allowed");
-    assert_eq!(a.source_channels, 8);
-    // All eight channels carry the same sine, so the mean is that sine (peak ~0.5).
-    assert!((a.peak_abs - 0.5).abs() < 0.01, "peak {}", a.peak_abs);
-    let e = decode(&bytes, Some("wav"), &with(|l| l.max_channels = 2)).expect_err("8 > 2");
+    // 33 channels (plain PCM, as ffmpeg writes it) are one over the default limit.
+    let bytes = read("channels_33.wav");
+    let e = decode(&bytes, Some("wav"), &AudioLimits::default()).expect_err("33 > 32");
     assert_eq!(e.reason_code(), "too_many_channels");
+    let a = decode(&bytes, Some("wav"), &with(|l| l.max_channels = 33)).expect("33 allowed");
+    assert_eq!(a.source_channels, 33);
+    // All channels carry the same sine, so the mean is that sine (peak ~0.5).
+    assert!((a.peak_abs - 0.5).abs() < 0.01, "peak {}", a.peak_abs);
+    // Both demuxers enforce a lower limit: symphonia's (8) and the crate's own (32).
+    for (name, channels) in [("channels_8.wav", 8), ("channels_32.wav", 32)] {
+        let bytes = read(name);
+        let limits = with(|l| l.max_channels = channels);
+        assert_eq!(
+            decode(&bytes, Some("wav"), &limits)
+                .expect(name)
+                .source_channels,
+            channels
+        );
+        let limits = with(|l| l.max_channels = channels - 1);
+        let e = decode(&bytes, Some("wav"), &limits).expect_err(name);
+        assert_eq!(e.reason_code(), "too_many_channels", "{name}");
+    }
+}
+
+#[test]
+fn many_channels_of_float_are_downmixed_by_the_mean() {
+    // 32 channels of IEEE float, a sine of 0.8 in the even channels and silence in the odd:
+    // the mean is a sine of 0.4.
+    let tone = sine(300.0, 0.8, 16_000, 16_000);
+    let interleaved: Vec<f32> = tone
+        .iter()
+        .flat_map(|&s| (0..32).map(move |c| if c % 2 == 0 { s } else { 0.0 }))
+        .collect();
+    let a = decode(
+        &wav_f32(16_000, 32, &interleaved),
+        Some("wav"),
+        &AudioLimits::default(),
+    )
+    .expect("32 channels decode");
+    assert_eq!((a.source_channels, a.pcm_16k.len()), (32, 16_000));
+    assert!((a.peak_abs - 0.4).abs() < 0.01, "peak {}", a.peak_abs);
 }
 
 #[test]
