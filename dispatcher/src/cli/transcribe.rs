@@ -183,6 +183,7 @@ pub(crate) fn run(args: TranscribeArgs) -> anyhow::Result<()> {
                 language: args.language.clone(),
                 file_id: file.file_stem().map(|s| s.to_string_lossy().into_owned()),
                 speaker_turns: recording.speaker_turns.unwrap_or_default(),
+                ..RenderOptions::default()
             };
             let doc = render(&recording.transcript, format, &options);
             match &out_paths {

@@ -61,3 +61,44 @@ pub struct Transcript {
     pub words: Vec<Word>,
     pub segments: Vec<Segment>,
 }
+
+impl Transcript {
+    /// `start_s..end_s` within the recording, `[0, duration_s]`, with start ≤ end.
+    ///
+    /// NeMo's times may end after the audio (a TDT duration runs past the last encoder frame,
+    /// and encoder frames cover the padded tail), so documents clamp them; the transcript
+    /// itself keeps NeMo's values. A NaN becomes 0; a non-finite duration bounds nothing.
+    pub fn clamp_span(&self, start_s: f64, end_s: f64) -> (f64, f64) {
+        let last = if self.duration_s.is_finite() {
+            self.duration_s.max(0.0)
+        } else {
+            f64::INFINITY
+        };
+        let within = |t: f64| t.max(0.0).min(last);
+        let end = within(end_s);
+        (within(start_s).min(end), end)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clamp_span_keeps_times_in_the_recording() {
+        let mut t = Transcript {
+            text: String::new(),
+            duration_s: 2.0,
+            tokens: Vec::new(),
+            words: Vec::new(),
+            segments: Vec::new(),
+        };
+        assert_eq!(t.clamp_span(1.52, 2.08), (1.52, 2.0));
+        assert_eq!(t.clamp_span(2.04, 2.08), (2.0, 2.0));
+        assert_eq!(t.clamp_span(-0.1, 0.5), (0.0, 0.5));
+        assert_eq!(t.clamp_span(0.7, 0.5), (0.5, 0.5), "start never after end");
+        assert_eq!(t.clamp_span(f64::NAN, f64::NAN), (0.0, 0.0));
+        t.duration_s = f64::NAN;
+        assert_eq!(t.clamp_span(1.0, 9.0), (1.0, 9.0));
+    }
+}
