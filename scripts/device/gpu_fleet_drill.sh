@@ -12,6 +12,8 @@
 #            (--no-weight-sharing): GPU memory in use (nvidia-smi, whole GPU, MPS server included)
 #            sampled every second; memory.txt has the steady state per instance
 #   mps4     4 workers at 25 % under MPS: probes, SIGKILL of one -> group restart, clean stop
+#            (DRILL_ARGS: more hammer/fleet options for mps4 and mps8, e.g.
+#            --worker-arg=--cuda-sync=spin)
 #   mps8     8 workers at 12 %: same
 #   twogpu   (2 GPUs) 4 workers per GPU, one MPS domain each; SIGKILL in GPU 0's group restarts
 #            only GPU 0's workers while GPU 1's keep serving
@@ -115,7 +117,7 @@ fi
 drill() { # instances percentage
   "$BIN/hammer" --engine cuda --model "$MODEL" --worker-binary "$BIN/worker" --clips "$CLIPS" \
     --gpus 0 --instances-per-gpu "$1" --concurrency $((4 * $1)) --duration-s "$DUR" \
-    --kill-after-s $((DUR / 3)) --kill-group gpu0 --runtime-dir "/tmp/fleet-mps$1" 2>&1 \
+    --kill-after-s $((DUR / 3)) --kill-group gpu0 --runtime-dir "/tmp/fleet-mps$1" ${DRILL_ARGS:-} 2>&1 \
     | tee "$OUT/mps$1.log" | grep -vE 'MISMATCH|FAILED' | cut -c1-3000
   sleep 2; echo "MPS processes after stop: $(pgrep -a nvidia-cuda-mps || echo none)"
 }
