@@ -85,13 +85,10 @@ pub enum DispatchError {
     },
     #[error("config: {0}")]
     Config(String),
-    /// A model the in-process engine could not load (missing file, bad checkpoint, no GPU).
-    #[error("loading model {path}: {source}")]
-    EngineLoad {
-        path: PathBuf,
-        #[source]
-        source: Box<engine::EngineError>,
-    },
+    /// A model the in-process engine could not load (missing file, bad checkpoint, no GPU);
+    /// the engine's error already names the model.
+    #[error(transparent)]
+    EngineLoad(Box<engine::EngineError>),
 }
 
 impl DispatchError {
@@ -120,9 +117,7 @@ impl DispatchError {
                 ErrorClass::Infrastructure
             }
             Self::LeaseLost { .. } => ErrorClass::Transient,
-            Self::Io { .. } | Self::Config(_) | Self::EngineLoad { .. } => {
-                ErrorClass::Infrastructure
-            }
+            Self::Io { .. } | Self::Config(_) | Self::EngineLoad(_) => ErrorClass::Infrastructure,
         }
     }
 
@@ -148,7 +143,7 @@ impl DispatchError {
             Self::Inference(_) | Self::Engine(_) => "inference_error",
             Self::DiarizationUnavailable => "diarization_unavailable",
             Self::Io { .. } => "io_error",
-            Self::Config(_) | Self::EngineLoad { .. } => "config_error",
+            Self::Config(_) | Self::EngineLoad(_) => "config_error",
         }
     }
 }

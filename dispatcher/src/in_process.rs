@@ -62,10 +62,7 @@ pub fn load_transcriber(
     let model_id = given_or_hashed(model_id, path)?;
     let started = std::time::Instant::now();
     let engine =
-        engine::load(kind, path, settings).map_err(|source| DispatchError::EngineLoad {
-            path: path.to_owned(),
-            source: Box::new(source),
-        })?;
+        engine::load(kind, path, settings).map_err(|e| DispatchError::EngineLoad(Box::new(e)))?;
     let info = engine.model_info();
     tracing::info!(model = %path.display(), engine = %kind, %model_id,
         load_s = started.elapsed().as_secs_f64(), "model loaded");
@@ -107,12 +104,8 @@ pub fn load_diarizer(
 ) -> Result<Arc<dyn Diarizer>> {
     let model_id = given_or_hashed(model_id, path)?;
     let started = std::time::Instant::now();
-    let engine = engine::load_diarizer(kind, path, settings).map_err(|source| {
-        DispatchError::EngineLoad {
-            path: path.to_owned(),
-            source: Box::new(source),
-        }
-    })?;
+    let engine = engine::load_diarizer(kind, path, settings)
+        .map_err(|e| DispatchError::EngineLoad(Box::new(e)))?;
     tracing::info!(model = %path.display(), engine = %kind, %model_id,
         load_s = started.elapsed().as_secs_f64(), "diarization model loaded");
     Ok(Arc::new(InProcessDiarizer {
