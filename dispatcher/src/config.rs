@@ -76,6 +76,8 @@ settings! {
         metrics_flush_s: u64 = 10;
         /// Use path-style S3 URLs (for S3-compatible stores such as MinIO or moto).
         s3_force_path_style: bool = false;
+        /// Seconds between polls of `instance_metadata_url` (AWS asks for every 5 s).
+        instance_metadata_poll_s: u64 = 5;
     }
     optional {
         /// Concurrent long-polling receivers (default: one per 32 messages in flight, 2 to 8).
@@ -110,6 +112,11 @@ settings! {
         cloudwatch_namespace: String;
         /// Encrypt every result with SSE-KMS under this key id or ARN.
         sse_kms_key_id: String;
+        /// EC2 instance metadata (IMDSv2) base URL, `http://169.254.169.254` on EC2: `run`
+        /// watches it for a Spot interruption notice and for the Auto Scaling group
+        /// terminating the instance, and drains on either (stop receiving, finish what fits
+        /// before the notice's time, release the rest). Unset: not watched.
+        instance_metadata_url: String;
     }
 }
 
@@ -167,6 +174,9 @@ impl Settings {
                 "max_segment_s must be at least 1, got {}",
                 self.max_segment_s
             ));
+        }
+        if self.instance_metadata_url.is_some() && self.instance_metadata_poll_s == 0 {
+            return bad("instance_metadata_poll_s must be at least 1".into());
         }
         if let Some(uri) = &self.output_uri {
             crate::job::Prefix::parse_uri(uri)?;

@@ -61,6 +61,8 @@ pub enum DispatchError {
     },
     #[error("lease on message {message_id} was lost")]
     LeaseLost { message_id: String },
+    #[error("instance metadata request {path} failed: {message}")]
+    InstanceMetadata { path: String, message: String },
 
     // ── audio and inference ──
     #[error("audio rejected ({reason}): {message}")]
@@ -116,7 +118,7 @@ impl DispatchError {
             Self::ResultMismatch { .. } | Self::Inference(_) | Self::Engine(_) => {
                 ErrorClass::Infrastructure
             }
-            Self::LeaseLost { .. } => ErrorClass::Transient,
+            Self::LeaseLost { .. } | Self::InstanceMetadata { .. } => ErrorClass::Transient,
             Self::Io { .. } | Self::Config(_) | Self::EngineLoad(_) => ErrorClass::Infrastructure,
         }
     }
@@ -139,6 +141,7 @@ impl DispatchError {
             Self::ResultMismatch { .. } => "result_mismatch",
             Self::Queue { .. } => "queue_error",
             Self::LeaseLost { .. } => "lease_lost",
+            Self::InstanceMetadata { .. } => "instance_metadata_error",
             Self::Audio { reason, .. } => reason,
             Self::Inference(_) | Self::Engine(_) => "inference_error",
             Self::DiarizationUnavailable => "diarization_unavailable",

@@ -2,10 +2,12 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use dispatcher::app::{self, MetricsRuntime};
 use dispatcher::config::SettingsArgs;
+use dispatcher::lifecycle::interruption::{self, InstanceMetadata};
 use dispatcher::lifecycle::run_until_signal;
 use dispatcher::metrics::{CloudWatchSink, Sink};
 use dispatcher::queue::sqs::SqsQueue;
@@ -35,6 +37,12 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         .clone()
         .context("--queue-url is required")?;
     let model = settings.model.clone().context("--model is required")?;
+    // Checked before anything starts: a bad URL is a config error, not a late surprise.
+    let instance_metadata = settings
+        .instance_metadata_url
+        .as_deref()
+        .map(InstanceMetadata::new)
+        .transpose()?;
     let aws = dispatcher::aws::load(None).await;
     let engine = dispatcher::fleet_engine::load_for(&args.engine, &settings, &model)?;
     let transcriber = engine.transcriber;
@@ -61,7 +69,23 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
         diarizer,
     };
     let consumer = app::consumer(&settings, parts, &metrics, args.exit_when_idle)?;
-    let summary = run_until_signal(consumer, CancellationToken::new()).await?;
+    let stop = CancellationToken::new();
+    let watcher = instance_metadata.map(|metadata| {
+        let every = Duration::from_secs(settings.instance_metadata_poll_s);
+        tokio::spawn(interruption::watch(
+            metadata,
+            consumer.clone(),
+            stop.clone(),
+            every,
+        ))
+    });
+    let summary = run_until_signal(consumer, stop.clone()).await?;
+    stop.cancel();
+    if let Some(watcher) = watcher {
+        if let Ok(Some(notice)) = watcher.await {
+            tracing::info!(?notice, "drained for an interruption notice");
+        }
+    }
     metrics.shutdown().await;
     tracing::info!(?summary, "stopped");
     if summary.infrastructure_stop {

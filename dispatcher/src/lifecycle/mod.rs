@@ -22,6 +22,7 @@ use crate::queue::{now_ms, Queue, Received};
 
 pub mod deleter;
 pub mod heartbeat;
+pub mod interruption;
 pub mod retry;
 
 use deleter::Deleter;
@@ -79,6 +80,8 @@ pub struct Consumer {
     jobs_in_flight: AtomicUsize,
     /// When the latest message was finished with (a run's end of work, before the idle wait).
     last_finished: Mutex<Option<std::time::Instant>>,
+    /// A drain deadline earlier than the grace allows (an interruption notice's).
+    drain_by: Mutex<Option<std::time::Instant>>,
 }
 
 impl Consumer {
@@ -91,7 +94,18 @@ impl Consumer {
             summary: Mutex::new(RunSummary::default()),
             jobs_in_flight: AtomicUsize::new(0),
             last_finished: Mutex::new(None),
+            drain_by: Mutex::new(None),
         }
+    }
+
+    /// Stops taking work, like cancelling `stop`, and lets in-flight jobs run until
+    /// `deadline` at most (or the drain grace, whichever ends first); the rest are released.
+    pub fn stop_by(&self, stop: &CancellationToken, deadline: std::time::Instant) {
+        {
+            let mut drain_by = self.drain_by.lock().unwrap_or_else(|p| p.into_inner());
+            *drain_by = Some(drain_by.map_or(deadline, |d| d.min(deadline)));
+        }
+        stop.cancel();
     }
 
     /// What has happened so far (progress displays poll it while [`Self::run`] runs).
@@ -128,10 +142,21 @@ impl Consumer {
         }
 
         stop_receiving.cancelled().await;
-        tracing::info!("no longer receiving; draining in-flight jobs");
+        let grace_ends = std::time::Instant::now() + self.settings.drain_grace;
+        let deadline = match *self.drain_by.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(by) => by.min(grace_ends),
+            None => grace_ends,
+        };
+        tracing::info!(
+            drain_s = deadline
+                .saturating_duration_since(std::time::Instant::now())
+                .as_secs_f64(),
+            "no longer receiving; draining in-flight jobs"
+        );
+        // Receives in progress complete (the long-poll wait bounds them) and release what they got.
         while receivers.join_next().await.is_some() {}
         jobs.close();
-        if tokio::time::timeout(self.settings.drain_grace, jobs.wait())
+        if tokio::time::timeout_at(deadline.into(), jobs.wait())
             .await
             .is_err()
         {
@@ -153,9 +178,11 @@ impl Consumer {
         let mut failures = 0u32;
         let max_batch = self.settings.max_messages_per_receive.clamp(1, 10);
         loop {
+            // Stop first: no receive starts once the stop has come.
             let first = tokio::select! {
-                p = slots.clone().acquire_owned() => p.expect("slots semaphore is never closed (bug)"),
+                biased;
                 _ = stop_receiving.cancelled() => return,
+                p = slots.clone().acquire_owned() => p.expect("slots semaphore is never closed (bug)"),
             };
             let mut permits = vec![first];
             while permits.len() < max_batch {
@@ -164,11 +191,18 @@ impl Consumer {
                     Err(_) => break,
                 }
             }
-            let received = tokio::select! {
-                r = self.queue.receive(permits.len(), self.settings.wait, self.settings.visibility) => r,
-                _ = stop_receiving.cancelled() => return,
-            };
+            // Never dropped half-way: SQS may already have handed messages out for this call,
+            // and a dropped call would leave them invisible for the whole visibility timeout.
+            // The long-poll wait bounds it.
+            let received = self
+                .queue
+                .receive(permits.len(), self.settings.wait, self.settings.visibility)
+                .await;
             match received {
+                Ok(messages) if stop_receiving.is_cancelled() => {
+                    self.release_unstarted(messages).await;
+                    return;
+                }
                 Ok(messages) => {
                     failures = 0;
                     if messages.is_empty() && self.settings.exit_when_idle && self.idle().await {
@@ -202,6 +236,27 @@ impl Consumer {
                     }
                 }
             }
+        }
+    }
+
+    /// Messages received after the stop: visible again at once, for another node.
+    async fn release_unstarted(&self, messages: Vec<Received>) {
+        if messages.is_empty() {
+            return;
+        }
+        tracing::info!(
+            messages = messages.len(),
+            "a receive in progress at the stop returned messages; releasing them"
+        );
+        for message in messages {
+            if let Err(e) = self.queue.release(&message.receipt).await {
+                tracing::warn!(message_id = %message.message_id, error = %e,
+                    "could not release; the message reappears when its visibility ends");
+            }
+            self.summary_mut().released += 1;
+            self.pipeline.metrics().emit(MetricEvent::JobFinished {
+                outcome: "released",
+            });
         }
     }
 
