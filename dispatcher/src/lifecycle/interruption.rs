@@ -150,7 +150,7 @@ pub async fn watch(
             }
             Ok(None) => failures = 0,
             Err(e) => {
-                if failures % 60 == 0 {
+                if failures.is_multiple_of(60) {
                     tracing::warn!(error = %e, failures = failures + 1,
                         "instance metadata poll failed; still watching");
                 }
