@@ -44,7 +44,7 @@ impl Queue for LateAnswers {
         wait: Duration,
         visibility: Duration,
     ) -> Result<Vec<Received>> {
-        self.starts.lock().unwrap().push(Instant::now());
+        self.starts.lock().expect("lock").push(Instant::now());
         let messages = self.inner.receive(max_messages, wait, visibility).await?;
         if !messages.is_empty() {
             self.delivered
@@ -197,7 +197,7 @@ async fn serve_imds(state: Shared) -> String {
         if !authorized(&headers) {
             return (StatusCode::UNAUTHORIZED, String::new());
         }
-        match &state.lock().unwrap().spot_action {
+        match &state.lock().expect("lock").spot_action {
             Some(body) => (StatusCode::OK, body.clone()),
             None => (StatusCode::NOT_FOUND, String::new()),
         }
@@ -206,7 +206,7 @@ async fn serve_imds(state: Shared) -> String {
         if !authorized(&headers) {
             return (StatusCode::UNAUTHORIZED, String::new());
         }
-        match state.lock().unwrap().lifecycle_state {
+        match state.lock().expect("lock").lifecycle_state {
             Some(s) => (StatusCode::OK, s.into()),
             None => (StatusCode::NOT_FOUND, String::new()),
         }
@@ -245,7 +245,7 @@ async fn interrupt(
     serve: impl FnOnce(&mut Imds),
 ) -> Interrupted {
     let state = Shared::default();
-    state.lock().unwrap().lifecycle_state = Some("InService");
+    state.lock().expect("lock").lifecycle_state = Some("InService");
     let url = serve_imds(state.clone()).await;
     let queue = Arc::new(LateAnswers {
         inner: backend.queue.clone(),
@@ -278,7 +278,7 @@ async fn interrupt(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let served = Instant::now();
-    serve(&mut state.lock().unwrap());
+    serve(&mut state.lock().expect("lock"));
     let summary = tokio::time::timeout(Duration::from_secs(60), run)
         .await
         .expect("stopped within 60 s")
@@ -387,7 +387,7 @@ both_backends!(a_scale_in_releases_what_cannot_finish, 4);
 async fn the_run_command_drains_on_a_notice_and_exits() {
     let backend = Backend::moto(4).await;
     let state = Shared::default();
-    state.lock().unwrap().lifecycle_state = Some("Terminated");
+    state.lock().expect("lock").lifecycle_state = Some("Terminated");
     let url = serve_imds(state).await;
     let log = backend.dir.path().join("run.log");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dispatcher"))
