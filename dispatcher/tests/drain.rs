@@ -289,7 +289,7 @@ async fn interrupt(
     let receives_after_notice = queue
         .starts
         .lock()
-        .unwrap()
+        .expect("lock")
         .iter()
         .filter(|t| **t > watcher_returned)
         .count();
