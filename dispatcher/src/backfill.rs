@@ -43,8 +43,7 @@ pub async fn backfill(
 ) -> Result<BackfillSummary> {
     let mut summary = BackfillSummary::default();
     let mut continuation = None;
-    let started = Instant::now();
-    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let mut sender = JobSender::new(settings.max_messages_per_s, settings.dry_run);
     let diarize = settings.diarizer_model_id.is_some();
     let result_model_id = match &settings.diarizer_model_id {
         Some(diarizer) => diarized_model_id(&settings.model_id, Some(diarizer)),
@@ -58,7 +57,7 @@ pub async fn backfill(
                 continuation,
             )
             .await?;
-        let mut bodies = Vec::new();
+        let mut inputs = Vec::new();
         for object in &page.objects {
             summary.listed += 1;
             let input = ObjectRef::new(&settings.source.bucket, &object.key);
@@ -73,39 +72,89 @@ pub async fn backfill(
                     .is_some();
             if done {
                 summary.skipped_done += 1;
-                continue;
-            }
-            let mut msg = JobMessage::new(format!("backfill-{run_id}-{}", summary.listed), &input);
-            msg.output_prefix = Some(settings.output.uri());
-            msg.diarize = diarize;
-            bodies.push(serde_json::to_string(&msg).expect("job message serializes (bug)"));
-        }
-        for chunk in bodies.chunks(10) {
-            if settings.dry_run {
-                summary.enqueued += chunk.len() as u64;
-                continue;
-            }
-            pace(
-                started,
-                summary.enqueued + chunk.len() as u64,
-                settings.max_messages_per_s,
-            )
-            .await;
-            for result in queue.send_batch(chunk).await? {
-                match result {
-                    Ok(()) => summary.enqueued += 1,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "backfill: send failed");
-                        summary.send_failures += 1;
-                    }
-                }
+            } else {
+                inputs.push(input);
             }
         }
+        let sent = sender
+            .send(queue, &inputs, &settings.output, diarize)
+            .await?;
+        summary.enqueued += sent.enqueued;
+        summary.send_failures += sent.send_failures;
         progress(&summary);
         continuation = page.next;
         if continuation.is_none() {
             return Ok(summary);
         }
+    }
+}
+
+/// What one [`JobSender::send`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sent {
+    pub enqueued: u64,
+    pub send_failures: u64,
+}
+
+/// Sends job messages for inputs in batches of 10, at most `max_messages_per_s` over the
+/// sender's life, with job ids unique to this run (`backfill-<run>-<n>`).
+pub struct JobSender {
+    run_id: String,
+    started: Instant,
+    sent: u64,
+    max_messages_per_s: u32,
+    dry_run: bool,
+}
+
+impl JobSender {
+    /// `max_messages_per_s` 0 is unlimited; with `dry_run` nothing is sent but all counts.
+    pub fn new(max_messages_per_s: u32, dry_run: bool) -> Self {
+        Self {
+            run_id: uuid::Uuid::new_v4().simple().to_string(),
+            started: Instant::now(),
+            sent: 0,
+            max_messages_per_s,
+            dry_run,
+        }
+    }
+
+    /// Jobs for `inputs`, their results under `output`.
+    pub async fn send(
+        &mut self,
+        queue: &dyn Queue,
+        inputs: &[ObjectRef],
+        output: &Prefix,
+        diarize: bool,
+    ) -> Result<Sent> {
+        let mut sent = Sent::default();
+        for chunk in inputs.chunks(10) {
+            let bodies: Vec<String> = chunk
+                .iter()
+                .map(|input| {
+                    self.sent += 1;
+                    let mut msg =
+                        JobMessage::new(format!("backfill-{}-{}", self.run_id, self.sent), input);
+                    msg.output_prefix = Some(output.uri());
+                    msg.diarize = diarize;
+                    serde_json::to_string(&msg).expect("job message serializes (bug)")
+                })
+                .collect();
+            if self.dry_run {
+                sent.enqueued += bodies.len() as u64;
+                continue;
+            }
+            pace(self.started, self.sent, self.max_messages_per_s).await;
+            for result in queue.send_batch(&bodies).await? {
+                match result {
+                    Ok(()) => sent.enqueued += 1,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "send failed");
+                        sent.send_failures += 1;
+                    }
+                }
+            }
+        }
+        Ok(sent)
     }
 }
 

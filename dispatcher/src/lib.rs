@@ -17,6 +17,7 @@ pub mod model_id;
 pub mod outputs;
 pub mod pipeline;
 pub mod queue;
+pub mod reconcile;
 pub mod recording;
 pub mod render;
 pub mod store;

@@ -26,6 +26,9 @@ enum Command {
     Enqueue(cli::enqueue::EnqueueArgs),
     /// Enqueue every input under `s3://bucket/prefix` that has no result for this model.
     Backfill(cli::backfill::BackfillArgs),
+    /// For every input under `s3://bucket/prefix`: one complete result, a failure record, or
+    /// nothing (exit status 3 while any input has no result); `--enqueue-missing` sends jobs.
+    Reconcile(cli::reconcile::ReconcileArgs),
 }
 
 fn main() -> anyhow::Result<ExitCode> {
@@ -44,6 +47,7 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Run(args) => cli::run::block_on(cli::run::run(args)),
         Command::Enqueue(args) => cli::run::block_on(cli::enqueue::run(args)),
         Command::Backfill(args) => cli::run::block_on(cli::backfill::run(args)),
+        Command::Reconcile(args) => return cli::run::block_on(cli::reconcile::run(args)),
     }?;
     Ok(ExitCode::SUCCESS)
 }

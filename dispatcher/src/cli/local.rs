@@ -21,6 +21,7 @@ use dispatcher::store::ObjectStore;
 use tokio_util::sync::CancellationToken;
 
 use super::progress::{Progress, Snapshot};
+use super::EXIT_PARTIAL;
 
 /// Bucket (store subdirectory) that `--input-dir` files are copied into.
 pub(crate) const LOCAL_INPUT_BUCKET: &str = "inputs";
@@ -57,10 +58,6 @@ pub(crate) struct LocalArgs {
     #[command(flatten)]
     pub(crate) engine: dispatcher::fleet_engine::EngineArgs,
 }
-
-/// Exit status of a run in which some jobs failed (their failure records were written): the
-/// run itself worked, so it is not 1 (an error that stopped the run).
-pub(crate) const EXIT_JOBS_FAILED: u8 = 3;
 
 pub(crate) async fn run(args: LocalArgs) -> anyhow::Result<ExitCode> {
     if !(args.progress_interval_s.is_finite() && args.progress_interval_s > 0.0) {
@@ -167,7 +164,7 @@ pub(crate) async fn run(args: LocalArgs) -> anyhow::Result<ExitCode> {
             summary.failed,
             args.store.join("results").display()
         );
-        return Ok(ExitCode::from(EXIT_JOBS_FAILED));
+        return Ok(ExitCode::from(EXIT_PARTIAL));
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -6,4 +6,11 @@ pub(crate) mod backfill;
 pub(crate) mod enqueue;
 pub(crate) mod local;
 pub(crate) mod progress;
+pub(crate) mod reconcile;
 pub(crate) mod run;
+pub(crate) mod targets;
+
+/// Exit status of a command that worked but left some jobs failed or inputs without a result
+/// (`local` with failed jobs, `reconcile` with missing inputs): not 1, which is an error that
+/// stopped the command.
+pub(crate) const EXIT_PARTIAL: u8 = 3;

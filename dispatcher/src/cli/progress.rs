@@ -120,6 +120,50 @@ impl Progress {
     }
 }
 
+/// Counts of a listing that has no known total (backfill, reconcile): a spinner with the
+/// counts on a terminal; off one, the counts every 10 s (logs, cron).
+pub(crate) struct Ticker {
+    spinner: Option<ProgressBar>,
+    last_line: Instant,
+}
+
+impl Ticker {
+    pub(crate) fn new() -> Self {
+        let spinner = std::io::stderr().is_terminal().then(|| {
+            let spinner = ProgressBar::new_spinner();
+            spinner.set_style(
+                ProgressStyle::with_template("{spinner} {elapsed} {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+            );
+            spinner
+        });
+        Self {
+            spinner,
+            last_line: Instant::now(),
+        }
+    }
+
+    pub(crate) fn show(&mut self, counts: String) {
+        match &self.spinner {
+            Some(spinner) => {
+                spinner.set_message(counts);
+                spinner.tick();
+            }
+            None if self.last_line.elapsed() >= Duration::from_secs(10) => {
+                self.last_line = Instant::now();
+                eprintln!("progress: {counts}");
+            }
+            None => {}
+        }
+    }
+
+    pub(crate) fn finish(self) {
+        if let Some(spinner) = self.spinner {
+            spinner.finish_and_clear();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
