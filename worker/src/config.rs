@@ -144,6 +144,11 @@ pub struct ServeArgs {
     /// Health reports `Wedged` once one batch has run this long.
     #[arg(long, env = "WORKER_WEDGE_AFTER_MS", default_value_t = 120_000)]
     pub wedge_after_ms: u64,
+    /// Fault drills only: SIGUSR1 causes an illegal-address fault and SIGUSR2 takes all free
+    /// device memory, before the next batch (the fleet's `--worker-arg=--fault-injection`).
+    /// Off, those signals end the process as usual.
+    #[arg(long, env = "WORKER_FAULT_INJECTION")]
+    pub fault_injection: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -11,7 +11,10 @@ use model_core::speakers::SpeakerSegment;
 use model_core::transcript::Hypothesis;
 use tokio::sync::{mpsc, oneshot};
 
-use engine::{DiarizationEngine, Engine, EngineError};
+use engine::{DiarizationEngine, Engine, EngineError, Fault};
+
+use crate::error::{EXIT_CUDA_FATAL, EXIT_CUDA_OUT_OF_MEMORY};
+use crate::fault_injection::PendingFault;
 
 /// The engine a worker serves with: one task per process.
 pub enum Served {
@@ -31,6 +34,16 @@ impl Served {
         match self {
             Self::Transcribe(e) => e.name(),
             Self::Diarize(e) => e.name(),
+        }
+    }
+
+    fn inject_fault(&mut self, fault: Fault) -> Result<(), EngineError> {
+        match self {
+            Self::Transcribe(e) => e.inject_fault(fault),
+            Self::Diarize(e) => Err(EngineError::Unavailable {
+                engine: e.name().to_owned(),
+                reason: format!("fault injection ({fault:?}) is for transcription workers"),
+            }),
         }
     }
 
@@ -92,8 +105,25 @@ impl EngineStatus {
     }
 }
 
+/// Exits for a restart when `error` leaves nothing to answer with: a poisoned context, or no
+/// device memory (the restart frees it). In-flight requests are re-sent by the supervisor.
+fn exit_if_unrecoverable(error: &EngineError) {
+    if error.is_fatal() {
+        tracing::error!(%error, "fatal CUDA fault: exiting for a restart");
+        std::process::exit(EXIT_CUDA_FATAL);
+    }
+    if error.is_out_of_memory() {
+        tracing::error!(%error, "out of device memory: exiting for a restart");
+        std::process::exit(EXIT_CUDA_OUT_OF_MEMORY);
+    }
+}
+
 /// Starts the engine thread. It ends when every sender of the returned channel is dropped.
-pub fn spawn(mut engine: Served) -> std::io::Result<(mpsc::Sender<EngineJob>, Arc<EngineStatus>)> {
+/// A fault `faults` asks for is caused before the next batch (fault drills only).
+pub fn spawn(
+    mut engine: Served,
+    faults: Arc<PendingFault>,
+) -> std::io::Result<(mpsc::Sender<EngineJob>, Arc<EngineStatus>)> {
     let (tx, mut rx) = mpsc::channel::<EngineJob>(1);
     let status = Arc::new(EngineStatus::new());
     let thread_status = Arc::clone(&status);
@@ -105,15 +135,21 @@ pub fn spawn(mut engine: Served) -> std::io::Result<(mpsc::Sender<EngineJob>, Ar
                 thread_status
                     .busy_since_ms
                     .store(thread_status.now_ms(), Ordering::Release);
+                if let Some(fault) = faults.take() {
+                    match engine.inject_fault(fault) {
+                        Ok(()) => tracing::warn!(?fault, "fault injected"),
+                        Err(error) => {
+                            tracing::warn!(?fault, %error, "fault injected");
+                            exit_if_unrecoverable(&error);
+                        }
+                    }
+                }
                 let clips: Vec<&[f32]> = job.clips.iter().map(|c| c.as_slice()).collect();
                 let result = engine.run(&clips);
                 if let Err(error) = &result {
-                    if error.is_fatal() {
-                        // Nothing on this context can run again; answering would only delay
-                        // the group restart. In-flight requests are re-sent by the supervisor.
-                        tracing::error!(%error, "fatal CUDA fault: exiting for a restart");
-                        std::process::exit(crate::error::EXIT_CUDA_FATAL);
-                    }
+                    // Nothing on this context can run again; answering would only delay the
+                    // group restart.
+                    exit_if_unrecoverable(error);
                 }
                 thread_status.busy_since_ms.store(0, Ordering::Release);
                 thread_status.batches_done.fetch_add(1, Ordering::AcqRel);

@@ -28,3 +28,6 @@ impl WorkerError {
 
 /// Exit status of a worker whose CUDA context hit a sticky fault.
 pub const EXIT_CUDA_FATAL: i32 = 70;
+/// Exit status of a worker that ran out of device memory: a restart frees what it (and, under
+/// MPS, its group) held; a batch too large for the GPU fails at the supervisor's retry limit.
+pub const EXIT_CUDA_OUT_OF_MEMORY: i32 = 71;

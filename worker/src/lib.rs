@@ -7,6 +7,7 @@ pub mod batcher;
 pub mod config;
 pub mod engine_thread;
 pub mod error;
+pub mod fault_injection;
 pub mod server;
 
 pub use error::WorkerError;

@@ -10,6 +10,7 @@ use worker::batch_policy::BatchQueue;
 use worker::batcher::{Batcher, QueueStats};
 use worker::config::{Cli, Command, ProbeArgs, ServeArgs};
 use worker::engine_thread::Served;
+use worker::fault_injection::{self, PendingFault};
 use worker::server::{accept_loop, ServerContext};
 use worker::{engine_thread, WorkerError};
 use worker_protocol::{Task, WorkerInfo};
@@ -120,7 +121,9 @@ fn serve(args: ServeArgs) -> Result<()> {
             task.label()
         )
     })?;
-    let (engine_tx, engine_status) = engine_thread::spawn(engine).context("engine thread")?;
+    let faults = Arc::new(PendingFault::default());
+    let (engine_tx, engine_status) =
+        engine_thread::spawn(engine, faults.clone()).context("engine thread")?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -128,6 +131,9 @@ fn serve(args: ServeArgs) -> Result<()> {
         .build()
         .context("tokio runtime")?;
     runtime.block_on(async move {
+        if args.fault_injection {
+            fault_injection::listen(faults).context("fault injection signal handlers")?;
+        }
         let stats = Arc::new(QueueStats::default());
         let (batcher_tx, batcher_rx) = tokio::sync::mpsc::channel(1024);
         let batcher = Batcher::new(BatchQueue::new(policy), args.max_queue, Arc::clone(&stats));

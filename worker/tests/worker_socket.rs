@@ -334,3 +334,34 @@ fn cuda_engine_batched_answers_equal_each_clip_alone() -> Result<()> {
     assert!(answers.values().any(|a| a.timings.batch_size >= 4));
     Ok(())
 }
+
+/// `--fault-injection` is off by default: SIGUSR1 then ends the worker as the signal does. On,
+/// the signal asks the engine for a fault before its next batch; the CPU engine has none to
+/// cause, says so, and goes on answering (the GPU drill is scripts/device/fault_drill.sh).
+#[test]
+fn fault_injection_is_a_switch() -> Result<()> {
+    let clips = clips()?;
+    let usr1 = |worker: &WorkerProcess| {
+        Command::new("kill")
+            .args(["-USR1", &worker.child.id().to_string()])
+            .status()
+    };
+    let dir = tempfile::tempdir()?;
+    let mut plain = WorkerProcess::start(dir.path(), &[])?;
+    assert!(usr1(&plain)?.success());
+    assert!(
+        common::wait_until(std::time::Duration::from_secs(10), || !plain.is_running()),
+        "without the switch SIGUSR1 ends the worker"
+    );
+
+    let dir = tempfile::tempdir()?;
+    let mut drill = WorkerProcess::start(dir.path(), &["--fault-injection"])?;
+    // The handler is installed just before the socket appears; let it settle.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(usr1(&drill)?.success());
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let answers = transcribe_all(&drill, &clips[..1], 2)?;
+    assert_eq!(answers.len(), 2);
+    assert!(drill.is_running(), "the CPU engine has no fault to cause");
+    Ok(())
+}

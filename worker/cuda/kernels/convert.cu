@@ -13,3 +13,9 @@ extern "C" __global__ void bf16_to_f32_kernel(const bf16_t* x, float* y, long lo
         y[i] = bf16_to_f32(x[i]);
     }
 }
+
+// Fault injection (worker `--fault-injection` only): one store to an address no allocation
+// covers, so the context takes the sticky CUDA_ERROR_ILLEGAL_ADDRESS a real kernel bug would.
+extern "C" __global__ void inject_illegal_address(unsigned long long address) {
+    *(volatile int*)address = 1;
+}

@@ -76,6 +76,13 @@ pub enum CudaEngineError {
 }
 
 impl CudaEngineError {
+    /// The device (or this MPS client's share of it) had no memory for an allocation.
+    pub fn is_out_of_memory(&self) -> bool {
+        use cudarc::driver::sys::cudaError_enum as E;
+        matches!(self, Self::Driver { source, .. } | Self::Launch { source, .. }
+            if source.0 == E::CUDA_ERROR_OUT_OF_MEMORY)
+    }
+
     /// A fault that poisons the CUDA context for good (an illegal address, a trap, a lost
     /// device, a fatal MPS client fault): the process must exit and its GPU group restart.
     pub fn is_sticky(&self) -> bool {

@@ -115,10 +115,11 @@ pub(crate) enum Kernel {
     PowerSpectrum,
     LogMelNormalize,
     RelPosAttention,
+    InjectIllegalAddress,
 }
 
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 26] = [
+    pub(crate) const ALL: [Kernel; 27] = [
         Kernel::F32ToBf16,
         Kernel::Bf16ToF32,
         Kernel::Silu,
@@ -145,6 +146,7 @@ impl Kernel {
         Kernel::PowerSpectrum,
         Kernel::LogMelNormalize,
         Kernel::RelPosAttention,
+        Kernel::InjectIllegalAddress,
     ];
 
     /// The symbol in the compiled module.
@@ -176,12 +178,15 @@ impl Kernel {
             Kernel::PowerSpectrum => "power_spectrum",
             Kernel::LogMelNormalize => "log_mel_normalize",
             Kernel::RelPosAttention => "rel_pos_attention",
+            Kernel::InjectIllegalAddress => "inject_illegal_address",
         }
     }
 
     pub(crate) fn module(self) -> KernelModule {
         match self {
-            Kernel::F32ToBf16 | Kernel::Bf16ToF32 => KernelModule::Convert,
+            Kernel::F32ToBf16 | Kernel::Bf16ToF32 | Kernel::InjectIllegalAddress => {
+                KernelModule::Convert
+            }
             Kernel::Silu | Kernel::Glu => KernelModule::Activation,
             Kernel::LayerNorm | Kernel::AddLayerNorm => KernelModule::LayerNorm,
             Kernel::MaskedSoftmax => KernelModule::Softmax,

@@ -4,14 +4,15 @@
 use std::path::{Path, PathBuf};
 
 use cuda_engine::{
-    DeviceProbe, EncoderPrecision, FeatureLocation, GpuParakeet, WeightShare, WeightSharing,
+    CudaSlice, DeviceProbe, EncoderPrecision, FeatureLocation, GpuParakeet, WeightShare,
+    WeightSharing,
 };
 use model_core::transcript::Hypothesis;
 use worker_protocol::{DeviceReport, EngineKind, ModelInfo, MpsReport};
 
 use crate::error::EngineError;
 use crate::model_info;
-use crate::transcription::{one_per_clip, Engine};
+use crate::transcription::{one_per_clip, Engine, Fault};
 
 /// The GPU, the batch envelope the decoder's CUDA graph is captured for (larger batches run
 /// eagerly), where features are computed, the encoder's storage type and its subsampling
@@ -57,6 +58,8 @@ pub struct CudaBackend {
     model: GpuParakeet,
     path: String,
     probe: DeviceProbe,
+    /// Device memory taken by an injected [`Fault::OutOfMemory`], held until the process ends.
+    held: Vec<CudaSlice<u8>>,
 }
 
 impl CudaBackend {
@@ -83,6 +86,7 @@ impl CudaBackend {
             model,
             path: path.display().to_string(),
             probe,
+            held: Vec::new(),
         })
     }
 }
@@ -163,5 +167,18 @@ impl Engine for CudaBackend {
 
     fn hop_samples(&self) -> usize {
         self.model.config().features.hop_length_samples
+    }
+
+    fn inject_fault(&mut self, fault: Fault) -> Result<(), EngineError> {
+        let engine = self.model.engine();
+        match fault {
+            Fault::IllegalAddress => engine.inject_illegal_address(),
+            Fault::OutOfMemory => engine.hold_free_memory().map(|held| {
+                let bytes: usize = held.iter().map(CudaSlice::len).sum();
+                tracing::warn!(bytes, "fault injection: holding all free device memory");
+                self.held.extend(held);
+            }),
+        }
+        .map_err(EngineError::Cuda)
     }
 }

@@ -28,4 +28,9 @@ impl EngineError {
     pub fn is_fatal(&self) -> bool {
         matches!(self, Self::Cuda(e) if e.is_sticky())
     }
+
+    /// The GPU had no memory for this batch (or this MPS client's share had none).
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, Self::Cuda(e) if e.is_out_of_memory())
+    }
 }

@@ -22,5 +22,5 @@ pub use cuda_engine::EncoderPrecision;
 pub use diarization::DiarizationEngine;
 pub use error::EngineError;
 pub use load::{load, load_diarizer, EngineSettings, OnnxSettings};
-pub use transcription::Engine;
+pub use transcription::{Engine, Fault};
 pub use worker_protocol::EngineKind;

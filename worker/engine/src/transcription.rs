@@ -17,6 +17,25 @@ pub trait Engine: Send {
     fn transcribe(&mut self, batch: &[&[f32]]) -> Result<Vec<Hypothesis>, EngineError>;
     /// Samples per feature frame (the batching cost unit).
     fn hop_samples(&self) -> usize;
+    /// Causes `fault` on purpose, for fault drills (the worker's `--fault-injection`).
+    /// Engines without a GPU have nothing to inject.
+    fn inject_fault(&mut self, fault: Fault) -> Result<(), EngineError> {
+        Err(EngineError::Unavailable {
+            engine: self.name().to_owned(),
+            reason: format!("fault injection ({fault:?}) needs a GPU engine"),
+        })
+    }
+}
+
+/// A GPU failure a fault drill causes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// A kernel stores to an unmapped address: the context's sticky illegal-address fault
+    /// (under MPS, every client of the GPU's server sees it).
+    IllegalAddress,
+    /// The process takes all free device memory and holds it: its own and its MPS siblings'
+    /// next allocations fail.
+    OutOfMemory,
 }
 
 /// An engine's answer for a batch: exactly one hypothesis per clip, or a contract error.

@@ -4,6 +4,7 @@ mod activation;
 mod attention;
 mod convert;
 mod depthwise_conv;
+mod fault;
 mod layer_norm;
 mod residual_norm;
 mod softmax;
