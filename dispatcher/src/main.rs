@@ -3,12 +3,16 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use telemetry::logs::LogFormat;
 
 mod cli;
 
 #[derive(Debug, Parser)]
 #[command(name = "dispatcher", version, about)]
 struct Cli {
+    /// Log lines on stderr: `text`, or `json` (one object per line, for log shippers).
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t, global = true)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -32,16 +36,9 @@ enum Command {
 }
 
 fn main() -> anyhow::Result<ExitCode> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        // Colour only for a person at a terminal: log files and pipes get plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    telemetry::logs::init(cli.log_format, "info");
+    match cli.command {
         Command::Transcribe(args) => cli::transcribe::run(args),
         Command::Local(args) => return cli::run::block_on(cli::local::run(args)),
         Command::Run(args) => cli::run::block_on(cli::run::run(args)),

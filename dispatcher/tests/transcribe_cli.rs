@@ -250,3 +250,43 @@ fn cuda_engine_needs_a_gpu() -> Result<()> {
     }
     Ok(())
 }
+
+/// `--log-format json` (before or after the subcommand): every stderr line is one JSON object
+/// with a level and a message; the default off a terminal is plain text without colour codes.
+#[test]
+fn log_lines_are_json_when_asked_and_plain_text_otherwise() -> Result<()> {
+    let model = fixtures().join(MODEL).join("model.nemo");
+    let run = |format: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dispatcher"));
+        cmd.arg("transcribe");
+        if let Some(format) = format {
+            cmd.args(["--log-format", format]);
+        }
+        cmd.arg("--model")
+            .arg(&model)
+            .arg(clip("espeak_short.wav"))
+            .arg(fixtures().join("clips/missing.wav"))
+            .env("RUST_LOG", "info")
+            .output()
+            .context("running dispatcher")
+    };
+    let json = run(Some("json"))?;
+    let stderr = String::from_utf8(json.stderr)?;
+    let lines: Vec<&str> = stderr.lines().filter(|l| l.starts_with('{')).collect();
+    ensure!(!lines.is_empty(), "no JSON log lines:\n{stderr}");
+    for line in &lines {
+        let value: Value = serde_json::from_str(line).with_context(|| line.to_string())?;
+        ensure!(
+            value["level"].is_string() && value["message"].is_string(),
+            "{line}"
+        );
+    }
+    let text = run(None)?;
+    let stderr = String::from_utf8(text.stderr)?;
+    ensure!(stderr.contains("INFO"), "{stderr}");
+    ensure!(
+        !stderr.contains('\u{1b}'),
+        "colour codes off a terminal:\n{stderr}"
+    );
+    Ok(())
+}

@@ -13,6 +13,7 @@
 
 mod histogram;
 mod http;
+pub mod logs;
 
 use std::net::SocketAddr;
 

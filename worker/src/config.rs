@@ -21,6 +21,9 @@ use engine::{EngineKind, EngineSettings, OnnxSettings};
     about = "One Parakeet (or Sortformer) model instance serving a Unix socket"
 )]
 pub struct Cli {
+    /// Log lines on stderr: `text`, or `json` (one object per line, for log shippers).
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t, global = true)]
+    pub log_format: telemetry::logs::LogFormat,
     #[command(subcommand)]
     pub command: Command,
 }

@@ -16,15 +16,9 @@ use worker::{engine_thread, WorkerError};
 use worker_protocol::{Task, WorkerInfo};
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        // Colour only for a person at a terminal: log files and pipes get plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    telemetry::logs::init(cli.log_format, "info");
+    match cli.command {
         Command::Serve(args) => serve(args),
         Command::Probe(args) => probe(&args),
     }

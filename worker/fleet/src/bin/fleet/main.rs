@@ -36,20 +36,16 @@ struct Args {
     /// (Prometheus text) here.
     #[arg(long, env = "FLEET_METRICS_ADDR", default_value = "127.0.0.1:9410")]
     metrics_addr: SocketAddr,
+    /// Log lines on stderr: `text`, or `json` (one object per line, for log shippers).
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t)]
+    log_format: telemetry::logs::LogFormat,
     #[command(flatten)]
     fleet: FleetOptions,
 }
 
 fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        // Colour only for a person at a terminal: log files and pipes get plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let args = Args::parse();
+    telemetry::logs::init(args.log_format, "info");
     let config = args
         .fleet
         .to_config_with_diarization(args.engine, &args.model, args.diar_model.as_deref())
