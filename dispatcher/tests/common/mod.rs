@@ -3,6 +3,7 @@
 
 pub mod backend;
 pub mod moto;
+pub mod tools;
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
