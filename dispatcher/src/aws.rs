@@ -27,3 +27,16 @@ pub fn sqs(config: &SdkConfig) -> aws_sdk_sqs::Client {
 pub fn cloudwatch(config: &SdkConfig) -> aws_sdk_cloudwatch::Client {
     aws_sdk_cloudwatch::Client::new(config)
 }
+
+/// An SDK error with its causes: the SDK's Display shows only the outermost layer ("dispatch
+/// failure").
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

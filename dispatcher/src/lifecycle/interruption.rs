@@ -94,21 +94,10 @@ impl InstanceMetadata {
             Err(ImdsError::ErrorResponse(e)) if e.response().status().as_u16() == 404 => Ok(None),
             Err(e) => Err(DispatchError::InstanceMetadata {
                 path: path.to_owned(),
-                message: error_chain(&e),
+                message: crate::aws::error_chain(&e),
             }),
         }
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// `{"action": "terminate", "time": "2026-12-03T20:00:00Z"}`; what cannot be read still

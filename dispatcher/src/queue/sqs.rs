@@ -47,16 +47,7 @@ fn queue_error<E: ProvideErrorMetadata + std::error::Error + 'static>(
             ctx.err().code().unwrap_or("?"),
             ctx.err().message().unwrap_or_default()
         ),
-        other => {
-            let mut text = other.to_string();
-            let mut source = std::error::Error::source(other);
-            while let Some(cause) = source {
-                text.push_str(": ");
-                text.push_str(&cause.to_string());
-                source = cause.source();
-            }
-            text
-        }
+        other => crate::aws::error_chain(other),
     };
     DispatchError::Queue {
         op,

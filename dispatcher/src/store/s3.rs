@@ -93,7 +93,7 @@ where
             ctx.err().code().unwrap_or("?"),
             ctx.err().message().unwrap_or_default()
         ),
-        other => aws_smithy_error_chain(other),
+        other => crate::aws::error_chain(other),
     };
     DispatchError::Store {
         bucket: bucket.to_owned(),
@@ -101,18 +101,6 @@ where
         class: class_of(err),
         message: format!("{op}: {detail}"),
     }
-}
-
-/// The SDK's Display shows only the outermost layer ("dispatch failure"); keep the causes.
-fn aws_smithy_error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 fn unquote(etag: Option<&str>) -> String {
@@ -193,7 +181,7 @@ impl ObjectStore for S3Store {
                 bucket: object.bucket.clone(),
                 key: object.key.clone(),
                 class: ErrorClass::Transient,
-                message: format!("reading body: {}", aws_smithy_error_chain(&e)),
+                message: format!("reading body: {}", crate::aws::error_chain(&e)),
             })?;
             let Some(chunk) = chunk else { break };
             if (bytes.len() + chunk.len()) as u64 > max_bytes {
