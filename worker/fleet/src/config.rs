@@ -42,6 +42,10 @@ pub struct FleetConfig {
     pub restart_backoff: Backoff,
     /// Attempts (workers lost while holding the request) before it is failed as poison.
     pub max_attempts: u32,
+    /// Starts in a row that a worker slot may fail (exit, or not ready within the startup
+    /// timeout) before the slot stops trying; when every transcription slot has stopped, the
+    /// fleet gives up with the last worker's error instead of restarting forever.
+    pub max_start_failures: u32,
     /// Sortformer diarization workers in every group, next to the transcription workers.
     pub diarization: Option<DiarizationPool>,
 }
@@ -92,6 +96,7 @@ impl FleetConfig {
             startup_timeout: Duration::from_secs(300),
             restart_backoff: Backoff::default(),
             max_attempts: 3,
+            max_start_failures: 8,
             diarization: None,
         }
     }
@@ -103,8 +108,8 @@ impl FleetConfig {
         if self.max_outstanding_per_worker == 0 || self.max_waiting == 0 {
             return Err("max_outstanding_per_worker and max_waiting must be positive".into());
         }
-        if self.max_attempts == 0 {
-            return Err("max_attempts must be positive".into());
+        if self.max_attempts == 0 || self.max_start_failures == 0 {
+            return Err("max_attempts and max_start_failures must be positive".into());
         }
         if let Some(pool) = &self.diarization {
             if pool.instances == 0 {

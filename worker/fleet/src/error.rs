@@ -33,6 +33,9 @@ pub enum FleetError {
     NotReady { waited_ms: u64 },
     #[error("the fleet is shutting down")]
     ShuttingDown,
+    /// Every transcription worker failed to start `tries` times in a row.
+    #[error("no worker could start ({tries} tries each); the last worker said: {detail}")]
+    WorkersCannotStart { tries: u32, detail: String },
     #[error("timestamps: {0}")]
     Timestamps(#[from] model_core::CoreError),
     /// `worker probe` could not open this GPU (host ordinal), so no worker could either.

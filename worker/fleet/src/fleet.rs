@@ -165,6 +165,8 @@ impl Fleet {
                     outstanding: HashSet::new(),
                     outstanding_frames: 0,
                     failures: 0,
+                    start_failures: 0,
+                    stderr_tail: Arc::default(),
                     restarts: 0,
                     ping: None,
                     last_ping: Instant::now(),
@@ -197,6 +199,13 @@ impl Fleet {
     /// Waits until at least one transcription worker is ready; returns the model it serves.
     pub fn wait_ready(&self, timeout: Duration) -> Result<ModelInfo, FleetError> {
         self.wait_for(timeout, |s| s.model.clone())
+    }
+
+    /// The error the fleet gave up with, once no worker can start.
+    pub fn gave_up(&self) -> Option<FleetError> {
+        self.shared
+            .lock()
+            .cannot_start(self.shared.config.max_start_failures)
     }
 
     /// Whether this fleet runs diarization workers.
@@ -237,6 +246,9 @@ impl Fleet {
         loop {
             if let Some(v) = done(&state) {
                 return Ok(v);
+            }
+            if let Some(e) = state.cannot_start(self.shared.config.max_start_failures) {
+                return Err(e);
             }
             let now = Instant::now();
             if now >= deadline {
@@ -286,6 +298,9 @@ impl Fleet {
         let cfg = &self.shared.config;
         let deadline = Instant::now() + cfg.submit_timeout;
         let mut state = self.shared.lock();
+        if let Some(e) = state.cannot_start(cfg.max_start_failures) {
+            return Err(e);
+        }
         while state.waiting.len() >= cfg.max_waiting {
             let now = Instant::now();
             if state.shutting_down {

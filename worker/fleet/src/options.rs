@@ -74,6 +74,12 @@ pub struct FleetOptions {
     /// Spawn to ready (model load and warm-up), at most.
     #[arg(long, env = "FLEET_STARTUP_TIMEOUT_S", default_value_t = 300)]
     pub startup_timeout_s: u64,
+    /// Failed starts in a row (the worker exits, or is not ready within the startup timeout)
+    /// after which a worker slot stops trying; once every transcription slot has stopped, the
+    /// fleet gives up with the last worker's error (restarts back off from 0.2 s to 30 s).
+    #[arg(long, env = "FLEET_MAX_START_FAILURES", default_value_t = 8,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_start_failures: u32,
     /// Sortformer diarization workers per GPU (in CPU mode: in the CPU group), when a
     /// diarization model is given. Under MPS they are clients of the GPU's daemon. 0: no
     /// diarization pool (the dispatcher then diarizes in its own process).
@@ -165,6 +171,7 @@ impl FleetOptions {
         config.request_timeout = Duration::from_secs(self.request_timeout_s);
         config.health_timeout = Duration::from_millis(self.health_timeout_ms);
         config.startup_timeout = Duration::from_secs(self.startup_timeout_s);
+        config.max_start_failures = self.max_start_failures;
         let pool_model = diar_model.filter(|_| self.diar_workers_per_gpu > 0);
         config.diarization = pool_model.map(|path| DiarizationPool {
             model: path.to_owned(),

@@ -245,3 +245,46 @@ fn version_is_printed() {
         "{text}"
     );
 }
+
+/// Workers that cannot start (here: the model file does not exist) are not restarted forever:
+/// after `--max-start-failures` tries each the fleet exits non-zero with the worker's own error.
+#[test]
+fn a_fleet_whose_workers_cannot_start_gives_up_with_their_error() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let missing = dir.path().join("no-such-model.nemo");
+    let started = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_fleet"))
+        .args([
+            "--engine",
+            "cpu",
+            "--cpu-instances",
+            "2",
+            "--max-start-failures",
+            "3",
+        ])
+        .arg("--model")
+        .arg(&missing)
+        .arg("--worker-binary")
+        .arg(worker_binary()?)
+        .arg("--runtime-dir")
+        .arg(dir.path())
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .output()?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "the fleet should give up:\n{stderr}");
+    ensure!(
+        started.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
+    let verdict = stderr
+        .lines()
+        .find(|l| l.starts_with("Error: no worker could start (3 tries each)"))
+        .unwrap_or_default();
+    ensure!(
+        verdict.contains("no-such-model.nemo"),
+        "the fleet's error should carry the worker's:\n{stderr}"
+    );
+    Ok(())
+}

@@ -120,6 +120,9 @@ fn take_down(shared: &Shared, state: &mut State, slot: usize, cause: RestartCaus
     s.broken = None;
     s.ping = None;
     s.failures += 1;
+    if cause == RestartCause::StartFailed {
+        s.start_failures += 1;
+    }
     s.restarts += 1;
     s.phase = Phase::Down {
         next_start: Instant::now() + shared.config.restart_backoff.delay(s.failures),

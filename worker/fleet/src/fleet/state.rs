@@ -42,6 +42,10 @@ pub(super) struct Slot {
     pub(super) outstanding: HashSet<u64>,
     pub(super) outstanding_frames: usize,
     pub(super) failures: u32,
+    /// Failed starts since this slot was last ready.
+    pub(super) start_failures: u32,
+    /// The last lines its current or last process wrote to stderr (forwarded to ours).
+    pub(super) stderr_tail: Arc<Mutex<VecDeque<String>>>,
     pub(super) restarts: u32,
     pub(super) ping: Option<(u64, Instant)>,
     pub(super) last_ping: Instant,
@@ -115,6 +119,20 @@ pub(super) struct State {
     /// The transcription model, from the first transcription worker's handshake.
     pub(super) model: Option<ModelInfo>,
     pub(super) mps_started: Vec<(u32, mps::MpsDirs)>,
+    /// Set when every transcription slot has failed `max_start_failures` starts in a row:
+    /// the last worker's error. Nothing is started again; requests fail with it.
+    pub(super) gave_up: Option<String>,
+}
+
+impl State {
+    pub(super) fn cannot_start(&self, tries: u32) -> Option<FleetError> {
+        self.gave_up
+            .as_ref()
+            .map(|detail| FleetError::WorkersCannotStart {
+                tries,
+                detail: detail.clone(),
+            })
+    }
 }
 
 pub(super) struct Shared {

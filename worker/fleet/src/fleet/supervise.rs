@@ -1,9 +1,11 @@
 //! Worker lifecycle: spawn under the load lock, connect, health-check; failures go to `restart`.
 
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
 use worker_protocol::{ClientMessage, Task};
@@ -12,6 +14,7 @@ use super::restart::fail_slot;
 use super::routing::{dispatch, on_message, send};
 use super::state::{Phase, Shared, Slot, State, HANDSHAKE_TIMEOUT, TICK};
 use crate::client::{Opened, WriteFailure};
+use crate::error::FleetError;
 use crate::events::{FleetEvent, RestartCause};
 use crate::load_lock::LoadLock;
 use crate::mps;
@@ -61,11 +64,103 @@ fn spawn_worker(shared: &Shared, slot: &Slot) -> std::io::Result<Child> {
         )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         // Its own process group: a Ctrl-C at the terminal reaches only the supervisor, which
         // then stops the workers before the MPS daemons, in that order.
         .process_group(0)
         .spawn()
+        .map(|mut child| {
+            forward_stderr(&mut child, &slot.stderr_tail);
+            child
+        })
+}
+
+/// Lines of a worker's stderr kept for the fleet's give-up message (room for a backtrace
+/// after its error).
+const STDERR_TAIL_LINES: usize = 200;
+
+/// Copies the worker's stderr to ours line by line, keeping the last lines in `tail` (emptied
+/// for each new process).
+fn forward_stderr(child: &mut Child, tail: &Arc<Mutex<VecDeque<String>>>) {
+    let Some(stderr) = child.stderr.take() else {
+        return;
+    };
+    lock(tail).clear();
+    let tail = Arc::clone(tail);
+    let spawned = std::thread::Builder::new()
+        .name("worker-stderr".into())
+        .spawn(move || {
+            let mut ours = std::io::stderr();
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let _ = writeln!(ours, "{line}");
+                let mut tail = lock(&tail);
+                if tail.len() == STDERR_TAIL_LINES {
+                    tail.pop_front();
+                }
+                tail.push_back(line);
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "worker stderr is not forwarded");
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What a worker that never became ready last said: the error it exited with (anyhow's
+/// `Error: ...` and its `Caused by:` lines, joined), else its last ERROR line, else its last line.
+fn last_words(tail: &Mutex<VecDeque<String>>) -> String {
+    let tail = lock(tail);
+    if let Some(start) = tail.iter().rposition(|l| l.starts_with("Error: ")) {
+        return tail
+            .iter()
+            .skip(start)
+            .map(|l| l.trim())
+            .take_while(|l| *l != "Stack backtrace:")
+            .map(|l| l.strip_prefix("Error: ").unwrap_or(l))
+            .filter(|l| !l.is_empty() && *l != "Caused by:")
+            .map(|l| {
+                l.trim_start_matches(|c: char| c.is_ascii_digit() || c == ':')
+                    .trim()
+            })
+            .collect::<Vec<_>>()
+            .join(": ");
+    }
+    tail.iter()
+        .rev()
+        .find(|l| l.contains("ERROR"))
+        .or_else(|| tail.back())
+        .cloned()
+        .unwrap_or_else(|| "it exited before it was ready, with nothing on stderr".into())
+}
+
+/// Gives up once every transcription slot has failed `max_start_failures` starts in a row:
+/// requests fail with the last worker's error instead of waiting for workers that will not
+/// come (a missing model, a GPU that cannot be used, a wedged MPS server).
+fn give_up_if_nothing_can_start(shared: &Shared, state: &mut State) {
+    let max = shared.config.max_start_failures;
+    let transcribers = || state.slots.iter().filter(|s| s.task == Task::Transcribe);
+    if state.gave_up.is_some() || !transcribers().all(|s| s.start_failures >= max) {
+        return;
+    }
+    let detail = transcribers()
+        .map(|s| last_words(&s.stderr_tail))
+        .next_back()
+        .unwrap_or_default();
+    tracing::error!(tries = max, %detail, "no worker can start; the fleet gives up");
+    for req in state.requests.values_mut() {
+        if req.outcome.is_none() {
+            req.finish(Err(FleetError::WorkersCannotStart {
+                tries: max,
+                detail: detail.clone(),
+            }));
+        }
+    }
+    state.gave_up = Some(detail);
+    state.waiting = Default::default();
 }
 
 pub(super) fn monitor_loop(shared: Weak<Shared>) {
@@ -78,7 +173,9 @@ pub(super) fn monitor_loop(shared: Weak<Shared>) {
             if state.shutting_down {
                 return;
             }
-            tick(&shared, &mut state)
+            let connect = tick(&shared, &mut state);
+            give_up_if_nothing_can_start(&shared, &mut state);
+            connect
         };
         for (slot, generation, socket) in connect {
             try_connect(&shared, slot, generation, &socket);
@@ -139,7 +236,10 @@ fn tick(shared: &Shared, state: &mut State) -> Vec<(usize, u64, PathBuf)> {
                 }
             }
             Phase::Down { next_start } => {
-                if now < *next_start {
+                if now < *next_start
+                    || state.gave_up.is_some()
+                    || s.start_failures >= cfg.max_start_failures
+                {
                     continue;
                 }
                 // One model load at a time, across every supervisor sharing the lock file.
@@ -170,6 +270,7 @@ fn tick(shared: &Shared, state: &mut State) -> Vec<(usize, u64, PathBuf)> {
                         });
                         let s = &mut state.slots[i];
                         s.failures += 1;
+                        s.start_failures += 1;
                         s.phase = Phase::Down {
                             next_start: now + cfg.restart_backoff.delay(s.failures),
                         };
@@ -243,6 +344,7 @@ fn try_connect(shared: &Arc<Shared>, slot: usize, generation: u64, socket: &std:
     let s = &mut state.slots[slot];
     s.conn = Some(Arc::new(conn));
     s.phase = Phase::Ready; // drops the load lock: the next worker may load
+    s.start_failures = 0;
     s.last_ping = Instant::now();
     s.info = Some(info.clone());
     let group = &shared.config.groups[s.group];

@@ -85,7 +85,7 @@ async fn serve_until_signal(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Resu
     let mut terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("SIGINT handler")?;
     let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-    let bound = telemetry::serve(addr, fleet, async move {
+    let bound = telemetry::serve(addr, Arc::clone(&fleet), async move {
         let _ = http_stopped.await;
     })
     .await?;
@@ -95,12 +95,27 @@ async fn serve_until_signal(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Resu
         "{}",
         serde_json::json!({"event": "listening", "addr": bound.to_string()})
     );
-    tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM: stopping the fleet"),
-        _ = interrupt.recv() => tracing::info!("SIGINT: stopping the fleet"),
-    }
+    let gave_up = async {
+        loop {
+            if let Some(error) = fleet.gave_up() {
+                return error;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    };
+    let result = tokio::select! {
+        _ = terminate.recv() => {
+            tracing::info!("SIGTERM: stopping the fleet");
+            Ok(())
+        }
+        _ = interrupt.recv() => {
+            tracing::info!("SIGINT: stopping the fleet");
+            Ok(())
+        }
+        error = gave_up => Err(anyhow::Error::new(error)),
+    };
     let _ = stop_http.send(());
-    Ok(())
+    result
 }
 
 /// One JSON object per line, flushed at once (operators and scripts grep stdout).
