@@ -213,6 +213,7 @@ fn the_fleet_joins_health_and_metrics() {
             request_timeout_s: 60,
             health_timeout_ms: 5000,
             startup_timeout_s: 60,
+            max_start_failures: 8,
             ..Default::default()
         },
     };

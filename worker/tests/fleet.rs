@@ -461,3 +461,63 @@ fn a_fault_on_gpu0_restarts_only_gpu0s_mps_group() -> Result<()> {
     assert_eq!(events.last(), Some(&worker_fleet::FleetEvent::Stopped));
     Ok(())
 }
+
+/// Workers that keep failing to start under MPS (here: CPU workers standing in for a GPU
+/// group, with a model that does not exist) get their GPU's daemon restarted once (`quit`,
+/// then `-d`), and when that does not help the fleet gives up with the worker's own error
+/// instead of restarting them forever.
+#[test]
+fn failing_starts_restart_the_mps_daemon_then_the_fleet_gives_up() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mps = worker_fleet::mps::MpsConfig {
+        pipe_root: dir.path().join("mps/pipe"),
+        log_root: dir.path().join("mps/log"),
+        active_thread_percentage: None,
+    };
+    let mut cfg = config(dir.path(), 1);
+    cfg.model = dir.path().join("no-such-model.nemo");
+    cfg.groups = worker_fleet::gpu_groups(&[0], 2, Some(&mps))?;
+    cfg.max_start_failures = 3;
+    let recorder = std::sync::Arc::new(RecordingMps::default());
+    let (events_tx, events) = std::sync::mpsc::channel();
+    let fleet = Fleet::start_with(
+        cfg,
+        worker_fleet::FleetHooks {
+            mps: recorder.clone(),
+            events: Some(events_tx),
+        },
+    )?;
+    let error = fleet
+        .wait_ready(Duration::from_secs(60))
+        .expect_err("no worker can start");
+    let text = error.to_string();
+    assert!(
+        matches!(
+            error,
+            worker_fleet::FleetError::WorkersCannotStart { tries: 3, .. }
+        ) && text.contains("no-such-model.nemo"),
+        "{text}"
+    );
+    let pipe = mps.dirs(0).pipe.display().to_string();
+    let daemon: Vec<String> = recorder
+        .lines()
+        .into_iter()
+        .filter(|(p, _)| *p == pipe)
+        .map(|(_, line)| line)
+        .collect();
+    assert_eq!(daemon, ["-d", "quit", "-d"], "started, then restarted once");
+    let events: Vec<worker_fleet::FleetEvent> = events.try_iter().collect();
+    assert!(
+        events.contains(&worker_fleet::FleetEvent::MpsDaemonRestarted {
+            gpu: 0,
+            error: None
+        })
+    );
+    // Requests are refused with the same error, not queued for workers that will not come.
+    let refused = fleet.transcribe(&[&[0.0f32; 1600][..]]);
+    assert!(matches!(
+        refused.as_slice(),
+        [Err(worker_fleet::FleetError::WorkersCannotStart { .. })]
+    ));
+    Ok(())
+}

@@ -56,6 +56,12 @@ pub enum FleetEvent {
     MpsDaemonStopped {
         gpu: u32,
     },
+    /// The GPU's workers kept failing to start, so its daemon was stopped and started again
+    /// (`error` when that failed).
+    MpsDaemonRestarted {
+        gpu: u32,
+        error: Option<String>,
+    },
     MpsDaemonStopFailed {
         gpu: u32,
         error: String,

@@ -25,6 +25,7 @@ use crate::events::{FleetEvent, RestartCause};
 use crate::metrics::FleetMetrics;
 use crate::mps::{self, MpsControl, SystemMps};
 
+mod daemon_restart;
 mod observe;
 mod restart;
 mod routing;

@@ -122,6 +122,8 @@ pub(super) struct State {
     /// Set when every transcription slot has failed `max_start_failures` starts in a row:
     /// the last worker's error. Nothing is started again; requests fail with it.
     pub(super) gave_up: Option<String>,
+    /// Groups whose MPS daemon was restarted since one of their workers was last ready.
+    pub(super) daemon_restarted: HashSet<usize>,
 }
 
 impl State {

@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use worker_protocol::{ClientMessage, Task};
 
+use super::daemon_restart::restart_wedged_daemons;
 use super::restart::fail_slot;
 use super::routing::{dispatch, on_message, send};
 use super::state::{Phase, Shared, Slot, State, HANDSHAKE_TIMEOUT, TICK};
@@ -174,6 +175,7 @@ pub(super) fn monitor_loop(shared: Weak<Shared>) {
                 return;
             }
             let connect = tick(&shared, &mut state);
+            restart_wedged_daemons(&shared, &mut state);
             give_up_if_nothing_can_start(&shared, &mut state);
             connect
         };
@@ -345,6 +347,9 @@ fn try_connect(shared: &Arc<Shared>, slot: usize, generation: u64, socket: &std:
     s.conn = Some(Arc::new(conn));
     s.phase = Phase::Ready; // drops the load lock: the next worker may load
     s.start_failures = 0;
+    let group_index = s.group;
+    state.daemon_restarted.remove(&group_index);
+    let s = &mut state.slots[slot];
     s.last_ping = Instant::now();
     s.info = Some(info.clone());
     let group = &shared.config.groups[s.group];
