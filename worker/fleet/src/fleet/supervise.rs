@@ -111,10 +111,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// What a worker that never became ready last said: the error it exited with (anyhow's
-/// `Error: ...` and its `Caused by:` lines, joined), else its last ERROR line, else its last line.
+/// What a worker that never became ready last said: its usage error, or the error it exited
+/// with (anyhow's `Error: ...` and its `Caused by:` lines, joined), else its last ERROR line,
+/// else its last line.
 fn last_words(tail: &Mutex<VecDeque<String>>) -> String {
     let tail = lock(tail);
+    // A usage error (clap's `error: ...`) is one line.
+    if let Some(usage) = tail.iter().rev().find(|l| l.starts_with("error: ")) {
+        return usage.clone();
+    }
     if let Some(start) = tail.iter().rposition(|l| l.starts_with("Error: ")) {
         return tail
             .iter()
