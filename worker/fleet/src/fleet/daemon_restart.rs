@@ -41,8 +41,7 @@ pub(super) fn restart_wedged_daemons(shared: &Shared, state: &mut State) {
         let restarted = shared
             .mps
             .run(&mps::daemon_stop(gpu, &dirs))
-            .and_then(|_| gone(&*shared.mps, gpu, &dirs))
-            .and_then(|()| mps::ensure_daemon(&*shared.mps, gpu, &dirs));
+            .and_then(|_| start_again(&*shared.mps, gpu, &dirs));
         let error = restarted.err().map(|e| e.to_string());
         if let Some(error) = &error {
             tracing::error!(gpu, %error, "MPS daemon restart failed");
@@ -51,23 +50,22 @@ pub(super) fn restart_wedged_daemons(shared: &Shared, state: &mut State) {
     }
 }
 
-/// How long a daemon told to quit may take to leave (it removes its control pipe last).
+/// How long a daemon told to quit may take to leave, and how often a new one is tried meanwhile.
 const QUIT_WAIT: Duration = Duration::from_secs(10);
+const RETRY_EVERY: Duration = Duration::from_millis(250);
 
-/// Waits until the daemon that was told to quit has gone: a new one started while its control
-/// pipe is still there would be taken for it, and no daemon would be left (seen on an H200).
-fn gone(control: &dyn MpsControl, gpu: u32, dirs: &MpsDirs) -> Result<(), FleetError> {
+/// Starts the GPU's daemon again after `quit`. The old one leaves its control pipe behind (seen
+/// on an H200), so the pipe says nothing about whether it has gone; `-d` refuses while it is
+/// still there, so the start is retried until it succeeds or [`QUIT_WAIT`] has passed.
+fn start_again(control: &dyn MpsControl, gpu: u32, dirs: &MpsDirs) -> Result<(), FleetError> {
     let deadline = Instant::now() + QUIT_WAIT;
-    while control.daemon_running(dirs) {
-        if Instant::now() > deadline {
-            return Err(FleetError::Mps {
-                command: mps::daemon_stop(gpu, dirs).display(),
-                detail: format!("the daemon still runs {} s after quit", QUIT_WAIT.as_secs()),
-            });
+    loop {
+        match control.run(&mps::daemon_start(gpu, dirs)) {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() > deadline => return Err(e),
+            Err(_) => std::thread::sleep(RETRY_EVERY),
         }
-        std::thread::sleep(Duration::from_millis(50));
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -76,32 +74,41 @@ mod tests {
 
     use super::*;
 
-    /// A daemon that is still there for the first `polls` looks after `quit`.
+    /// A daemon whose `-d` is refused the first `refusals` times (the old one still leaving).
     struct Leaving {
-        polls: AtomicU32,
+        refusals: AtomicU32,
     }
 
     impl MpsControl for Leaving {
-        fn run(&self, _: &mps::CommandSpec) -> Result<String, FleetError> {
-            Ok(String::new())
-        }
-        fn daemon_running(&self, _: &MpsDirs) -> bool {
-            self.polls
+        fn run(&self, command: &mps::CommandSpec) -> Result<String, FleetError> {
+            let refused = self
+                .refusals
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok()
+                .is_ok();
+            if refused {
+                return Err(FleetError::Mps {
+                    command: command.display(),
+                    detail: "An instance of this daemon is already running".into(),
+                });
+            }
+            Ok(String::new())
         }
     }
 
     #[test]
-    fn a_new_daemon_waits_for_the_old_one_to_leave() {
+    fn a_new_daemon_is_tried_until_the_old_one_has_left() {
         let dirs = MpsDirs {
             pipe: "/run/fleet/mps/gpu0".into(),
             log: "/var/log/fleet/mps/gpu0".into(),
         };
         let leaving = Leaving {
-            polls: AtomicU32::new(3),
+            refusals: AtomicU32::new(3),
         };
-        assert!(gone(&leaving, 0, &dirs).is_ok());
-        assert_eq!(leaving.polls.load(Ordering::SeqCst), 0, "looked until it left");
+        assert!(start_again(&leaving, 0, &dirs).is_ok());
+        assert_eq!(
+            leaving.refusals.load(Ordering::SeqCst),
+            0,
+            "tried until it started"
+        );
     }
 }
