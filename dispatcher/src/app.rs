@@ -102,6 +102,11 @@ pub fn pipeline_settings(settings: &Settings, sizing: &Sizing) -> Result<Pipelin
         segments_per_call: sizing.segments_per_call,
         inference_slots: sizing.inference_slots,
         decode_threads: sizing.decode_threads,
+        tenants: settings
+            .tenants_file
+            .as_deref()
+            .map(crate::tenants::Tenants::load)
+            .transpose()?,
     })
 }
 

@@ -112,6 +112,10 @@ settings! {
         cloudwatch_namespace: String;
         /// Encrypt every result with SSE-KMS under this key id or ARN.
         sse_kms_key_id: String;
+        /// A TOML file of tenants and the buckets/prefixes each owns (`[tenants.NAME] inputs
+        /// = ["s3://..."], outputs = ["s3://..."]`): every job is checked against it before
+        /// anything is read or written (dispatcher/src/tenants.rs). Unset: no tenant checks.
+        tenants_file: PathBuf;
         /// EC2 instance metadata (IMDSv2) base URL, `http://169.254.169.254` on EC2: `run`
         /// watches it for a Spot interruption notice and for the Auto Scaling group
         /// terminating the instance, and drains on either (stop receiving, finish what fits
@@ -180,6 +184,9 @@ impl Settings {
         }
         if let Some(uri) = &self.output_uri {
             crate::job::Prefix::parse_uri(uri)?;
+        }
+        if let Some(path) = &self.tenants_file {
+            crate::tenants::Tenants::load(path)?;
         }
         Ok(())
     }

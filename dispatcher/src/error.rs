@@ -25,6 +25,9 @@ pub enum DispatchError {
     BadMessage(String),
     #[error("bad object URI `{uri}`: {why}")]
     BadUri { uri: String, why: &'static str },
+    /// The job reaches outside its tenant's buckets and prefixes (tenants file).
+    #[error("tenant check failed: {why}")]
+    TenantViolation { why: String },
 
     // ── objects ──
     #[error("object s3://{bucket}/{key} not found")]
@@ -107,6 +110,7 @@ impl DispatchError {
             | Self::UnknownSchema { .. }
             | Self::BadMessage(_)
             | Self::BadUri { .. }
+            | Self::TenantViolation { .. }
             | Self::ObjectMissing { .. }
             | Self::ObjectTooLarge { .. }
             | Self::UnsafeKey { .. }
@@ -134,6 +138,7 @@ impl DispatchError {
             Self::UnknownSchema { .. } => "unknown_schema_version",
             Self::BadMessage(_) => "bad_message",
             Self::BadUri { .. } => "bad_uri",
+            Self::TenantViolation { .. } => "tenant_violation",
             Self::ObjectMissing { .. } => "source_missing",
             Self::ObjectTooLarge { .. } => "file_too_large",
             Self::UnsafeKey { .. } => "unsafe_key",

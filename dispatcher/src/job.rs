@@ -49,6 +49,10 @@ pub struct JobMessage {
     /// Larger runs first where the queue supports it (informational on SQS standard queues).
     #[serde(default)]
     pub priority: i32,
+    /// The tenant the job runs as, checked against the tenants file (when one is configured);
+    /// absent: the tenant whose inputs hold the input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 impl JobMessage {
@@ -62,6 +66,7 @@ impl JobMessage {
             formats: default_formats(),
             diarize: false,
             priority: 0,
+            tenant: None,
         }
     }
 }
@@ -163,6 +168,8 @@ pub struct Job {
     pub formats: Vec<OutputFormat>,
     pub diarize: bool,
     pub priority: i32,
+    /// As named in the job message (S3 events name none).
+    pub tenant: Option<String>,
     pub source: JobSource,
 }
 
@@ -269,6 +276,7 @@ fn parse_job_message(version: &Value, value: Value) -> Result<Parsed> {
         formats: msg.formats,
         diarize: msg.diarize,
         priority: msg.priority,
+        tenant: msg.tenant.filter(|t| !t.is_empty()),
         source: JobSource::JobMessage,
     }]))
 }
@@ -358,6 +366,7 @@ fn event_job(input: ObjectRef, source: JobSource) -> Job {
         formats: default_formats(),
         diarize: false,
         priority: 0,
+        tenant: None,
         source,
     }
 }

@@ -21,6 +21,7 @@ pub mod reconcile;
 pub mod recording;
 pub mod render;
 pub mod store;
+pub mod tenants;
 pub mod transcriber;
 
 pub use error::DispatchError;

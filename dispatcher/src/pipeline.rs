@@ -24,6 +24,7 @@ use crate::queue::now_ms;
 use crate::recording::transcribe_recording;
 use crate::render;
 use crate::store::{ObjectMeta, ObjectStore};
+use crate::tenants::Tenants;
 use crate::transcriber::Transcriber;
 
 #[derive(Debug, Clone)]
@@ -41,6 +42,8 @@ pub struct PipelineSettings {
     /// Recordings decoded at once: the bounded CPU pool (one OS thread each, outside the async
     /// runtime's threads), sized to the host's cores.
     pub decode_threads: usize,
+    /// Who may read and write where; `None`: no tenant checks.
+    pub tenants: Option<Tenants>,
 }
 
 /// How a job ended, when it ended cleanly (the message can be deleted).
@@ -150,6 +153,17 @@ impl Pipeline {
         let started = Instant::now();
         tracing::debug!(job_id = %job.job_id, input = %job.input.uri(), "job started");
         let output = self.output_prefix(job)?;
+        if let Some(tenants) = &self.settings.tenants {
+            // Before any read or write: a failure record would itself be a write outside.
+            if let Err(e) = tenants.check(job.tenant.as_deref(), &job.input, &output) {
+                tracing::error!(job_id = %job.job_id, input = %job.input.uri(), error = %e,
+                    "job refused by the tenant check; its message goes to the dead-letter queue");
+                self.metrics.emit(MetricEvent::Failure {
+                    reason: e.reason_code(),
+                });
+                return Err(e);
+            }
+        }
         let model_id = self.result_model_id(job);
         let head = retry_transient(self.settings.retry, "head input", || {
             self.store.head(&job.input)
