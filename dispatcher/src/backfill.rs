@@ -10,7 +10,7 @@ use crate::job::{JobMessage, ObjectRef, Prefix};
 use crate::model_id::diarized_model_id;
 use crate::outputs::ResultLocation;
 use crate::queue::Queue;
-use crate::store::ObjectStore;
+use crate::store::{ObjectStore, Pages};
 
 #[derive(Debug, Clone)]
 pub struct BackfillSettings {
@@ -42,23 +42,16 @@ pub async fn backfill(
     mut progress: impl FnMut(&BackfillSummary),
 ) -> Result<BackfillSummary> {
     let mut summary = BackfillSummary::default();
-    let mut continuation = None;
+    let mut pages = Pages::new(store, &settings.source);
     let mut sender = JobSender::new(settings.max_messages_per_s, settings.dry_run);
     let diarize = settings.diarizer_model_id.is_some();
     let result_model_id = match &settings.diarizer_model_id {
         Some(diarizer) => diarized_model_id(&settings.model_id, Some(diarizer)),
         None => settings.model_id.clone(),
     };
-    loop {
-        let page = store
-            .list_page(
-                &settings.source.bucket,
-                &settings.source.prefix,
-                continuation,
-            )
-            .await?;
+    while let Some(objects) = pages.next().await? {
         let mut inputs = Vec::new();
-        for object in &page.objects {
+        for object in &objects {
             summary.listed += 1;
             let input = ObjectRef::new(&settings.source.bucket, &object.key);
             let loc = ResultLocation::new(&settings.output, &input, &object.etag, &result_model_id);
@@ -82,11 +75,8 @@ pub async fn backfill(
         summary.enqueued += sent.enqueued;
         summary.send_failures += sent.send_failures;
         progress(&summary);
-        continuation = page.next;
-        if continuation.is_none() {
-            return Ok(summary);
-        }
     }
+    Ok(summary)
 }
 
 /// What one [`JobSender::send`] did.

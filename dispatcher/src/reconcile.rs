@@ -12,7 +12,7 @@ use crate::job::{ObjectRef, Prefix};
 use crate::lifecycle::retry::RetrySettings;
 use crate::outputs::{Existing, ResultLocation, Writer};
 use crate::queue::Queue;
-use crate::store::ObjectStore;
+use crate::store::{ObjectStore, Pages};
 
 #[derive(Debug, Clone)]
 pub struct ReconcileSettings {
@@ -127,17 +127,10 @@ pub async fn reconcile(
     mut progress: impl FnMut(&ReconcileReport),
 ) -> Result<ReconcileReport> {
     let mut report = ReconcileReport::default();
-    let mut continuation = None;
-    loop {
-        let page = store
-            .list_page(
-                &settings.source.bucket,
-                &settings.source.prefix,
-                continuation,
-            )
-            .await?;
+    let mut pages = Pages::new(store, &settings.source);
+    while let Some(objects) = pages.next().await? {
         let mut missing = Vec::new();
-        for object in &page.objects {
+        for object in &objects {
             if settings.source.bucket == settings.output.bucket
                 && object.key.starts_with(&settings.output.prefix)
             {
@@ -174,9 +167,6 @@ pub async fn reconcile(
             report.send_failures += sent.send_failures;
         }
         progress(&report);
-        continuation = page.next;
-        if continuation.is_none() {
-            return Ok(report);
-        }
     }
+    Ok(report)
 }

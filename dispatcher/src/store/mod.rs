@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::error::Result;
-use crate::job::ObjectRef;
+use crate::job::{ObjectRef, Prefix};
 
 pub mod keys;
 pub mod local;
@@ -68,4 +68,40 @@ pub trait ObjectStore: Send + Sync {
         prefix: &str,
         continuation: Option<String>,
     ) -> Result<ListPage>;
+}
+
+/// The pages of a listing, one at a time (`backfill`, `reconcile`).
+pub struct Pages<'a> {
+    store: &'a dyn ObjectStore,
+    prefix: &'a Prefix,
+    /// `None` before the first page; `Some(None)` after the last.
+    continuation: Option<Option<String>>,
+}
+
+impl<'a> Pages<'a> {
+    pub fn new(store: &'a dyn ObjectStore, prefix: &'a Prefix) -> Self {
+        Self {
+            store,
+            prefix,
+            continuation: None,
+        }
+    }
+
+    /// The next page's objects; `None` once the listing is done.
+    pub async fn next(&mut self) -> Result<Option<Vec<ListedObject>>> {
+        let continuation = match self.continuation.take() {
+            Some(None) => {
+                self.continuation = Some(None);
+                return Ok(None);
+            }
+            Some(token) => token,
+            None => None,
+        };
+        let page = self
+            .store
+            .list_page(&self.prefix.bucket, &self.prefix.prefix, continuation)
+            .await?;
+        self.continuation = Some(page.next);
+        Ok(Some(page.objects))
+    }
 }
