@@ -26,6 +26,8 @@ ff -i speech_16k_mono.wav -ar 44100 -ac 2 -c:a aac -b:a 64k speech.m4a
 ff -i speech_16k_mono.wav -ar 44100 -c:a libvorbis -q:a 2 speech.ogg
 ff -i speech_16k_mono.wav -c:a libopus -b:a 24k speech.opus.ogg
 ff -i speech_16k_mono.wav -c:a libopus -b:a 24k speech.webm
+# Stereo Opus: libopus itself decodes it to 16 kHz mono.
+ff -i tone_44k1_stereo.wav -c:a libopus -b:a 64k -ac 2 tone_stereo.opus.ogg
 # IMA ADPCM in WAV (symphonia decodes it; proves the "odd WAV codec" path is not a failure).
 sox -R speech_16k_mono.wav -e ima-adpcm speech_ima_adpcm.wav
 # MP3 and MP2 inside WAVE (format tags 0x0055 and 0x0050, as phones and dictation systems write

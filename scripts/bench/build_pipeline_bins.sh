@@ -3,8 +3,9 @@
 # developer machine, stripped and packed into .device-pipeline/bins.tar.xz (carried with
 # .bench-corpus/; the binaries alone, 38 MB, would not fit the 64 MiB a call may carry with the
 # tracked tree; packed they take 10 MB): dispatcher, worker, offline_bench (the offline engine
-# benchmark), sla_sweep, and libopus.so.0 (the GPU machine has none). pipeline_bench.sh unpacks
-# them.
+# benchmark), sla_sweep, and the shared libraries the audio decoder links that the GPU machine
+# lacks (libopus.so.0, libsoxr.so.0 and its OpenMP runtime libgomp.so.1). pipeline_bench.sh
+# unpacks them.
 # Usage: bash scripts/bench/build_pipeline_bins.sh   (CARGO_TARGET_DIR defaults to target/)
 set -euo pipefail
 target=${CARGO_TARGET_DIR:-target}
@@ -20,9 +21,12 @@ for line in sys.stdin:
         shutil.copy(m["executable"], ".device-pipeline/offline_bench")
 '
 cp "$target"/release/{dispatcher,worker} "$target"/release/examples/sla_sweep .device-pipeline/
-cp -L "$(ldconfig -p | awk '/libopus.so.0 .*x86-64/ {print $NF; exit}')" .device-pipeline/libopus.so.0
+libs=(libopus.so.0 libsoxr.so.0 libgomp.so.1)
+for lib in "${libs[@]}"; do
+  cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64/ {print $NF; exit}')" ".device-pipeline/$lib"
+done
 strip .device-pipeline/{dispatcher,worker,offline_bench,sla_sweep}
-tar -C .device-pipeline -cf - dispatcher worker offline_bench sla_sweep libopus.so.0 \
+tar -C .device-pipeline -cf - dispatcher worker offline_bench sla_sweep "${libs[@]}" \
   | xz -T0 -6 > .device-pipeline/bins.tar.xz
-rm .device-pipeline/{dispatcher,worker,offline_bench,sla_sweep,libopus.so.0}
+rm .device-pipeline/{dispatcher,worker,offline_bench,sla_sweep} "${libs[@]/#/.device-pipeline/}"
 du -sh .device-pipeline/*

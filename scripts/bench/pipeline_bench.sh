@@ -3,7 +3,7 @@
 # `dispatcher local --engine fleet`, beside the offline engine benchmark on the same audio (the
 # ceiling), in one call. From the repository root, with
 #   .bench-corpus/   from scripts/bench/make_pipeline_corpus.sh (made on the developer machine)
-#   .device-pipeline/bins.tar.xz: dispatcher, worker, offline_bench, sla_sweep, libopus.so.0
+#   .device-pipeline/bins.tar.xz: dispatcher, worker, offline_bench, sla_sweep, libopus, libsoxr
 #                    (scripts/bench/build_pipeline_bins.sh), unpacked into $BIN
 #                    (default /tmp/pipeline-bin)
 # Writes under ${OUT:-/tmp/pipeline}: results.jsonl (one line per run), the runs' logs, and

@@ -2,8 +2,8 @@
 //!
 //! Decoding: symphonia (WAV, FLAC, MP3, AAC in M4A/ADTS, Vorbis, OGG, MKV/WebM, CAF, AIFF, ADPCM,
 //! ALAC) plus Opus through libopus, and MPEG audio or 19+ channels of PCM inside WAVE, which
-//! symphonia's WAV reader refuses; channels are averaged to mono and resampled with rubato's FFT
-//! resampler. Every failure is one [`AudioError`] with a stable
+//! symphonia's WAV reader refuses; channels are averaged to mono and resampled with libsoxr
+//! (Opus is decoded by libopus straight to 16 kHz mono). Every failure is one [`AudioError`] with a stable
 //! [`reason_code`](AudioError::reason_code); malformed input never panics or hangs the caller
 //! (limits are checked before allocation, the frame budget and a wall-clock budget bound the
 //! decode loop, and decoder panics are caught).

@@ -82,6 +82,29 @@ fn stereo_is_downmixed_to_the_mean_of_channels() {
 }
 
 #[test]
+fn stereo_opus_is_decoded_to_16k_mono_by_libopus() {
+    // tone_stereo.opus.ogg: tone_44k1_stereo.wav through ffmpeg's libopus at 64 kb/s. libopus
+    // decodes it straight to 16 kHz mono; the recording is still reported as 48 kHz stereo.
+    let a = decode(
+        &read("tone_stereo.opus.ogg"),
+        Some("ogg"),
+        &AudioLimits::default(),
+    )
+    .expect("decodes");
+    assert_eq!((a.source_sample_rate_hz, a.source_channels), (48_000, 2));
+    assert_eq!(
+        a.pcm_16k.len(),
+        16_000,
+        "1 s in, 1 s out (pre-skip and end trim applied)"
+    );
+    let mid = &a.pcm_16k[1_000..15_000];
+    for freq in [1000.0, 440.0] {
+        let amp = tone_amplitude(mid, freq, 16_000);
+        assert!((amp - 0.25).abs() < 0.02, "{freq} Hz amplitude {amp}");
+    }
+}
+
+#[test]
 fn non_finite_float_samples_become_zero() {
     let mut input = sine(300.0, 0.5, 16_000, 16_000);
     input[100] = f32::NAN;
