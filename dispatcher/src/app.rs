@@ -76,6 +76,21 @@ impl Sizing {
     }
 }
 
+/// The audio limits and segmentation the settings ask for.
+pub fn audio_settings(settings: &Settings) -> AudioSettings {
+    AudioSettings {
+        limits: audio::AudioLimits {
+            max_input_bytes: settings.max_input_bytes,
+            max_duration_secs: settings.max_audio_duration_s,
+            ..audio::AudioLimits::default()
+        },
+        segmenter: audio::SegmenterConfig {
+            max_segment_secs: settings.max_segment_s,
+            ..audio::SegmenterConfig::default()
+        },
+    }
+}
+
 pub fn pipeline_settings(settings: &Settings, sizing: &Sizing) -> Result<PipelineSettings> {
     Ok(PipelineSettings {
         default_output: settings
@@ -84,17 +99,7 @@ pub fn pipeline_settings(settings: &Settings, sizing: &Sizing) -> Result<Pipelin
             .map(Prefix::parse_uri)
             .transpose()?,
         max_input_bytes: settings.max_input_bytes,
-        audio: AudioSettings {
-            limits: audio::AudioLimits {
-                max_input_bytes: settings.max_input_bytes,
-                max_duration_secs: settings.max_audio_duration_s,
-                ..audio::AudioLimits::default()
-            },
-            segmenter: audio::SegmenterConfig {
-                max_segment_secs: settings.max_segment_s,
-                ..audio::SegmenterConfig::default()
-            },
-        },
+        audio: audio_settings(settings),
         retry: RetrySettings {
             max_retries: settings.retry_max,
             ..RetrySettings::default()

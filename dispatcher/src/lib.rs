@@ -20,6 +20,7 @@ pub mod queue;
 pub mod reconcile;
 pub mod recording;
 pub mod render;
+pub mod serve;
 pub mod store;
 pub mod tenants;
 pub mod transcriber;

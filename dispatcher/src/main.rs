@@ -33,6 +33,9 @@ enum Command {
     /// For every input under `s3://bucket/prefix`: one complete result, a failure record, or
     /// nothing (exit status 3 while any input has no result); `--enqueue-missing` sends jobs.
     Reconcile(cli::reconcile::ReconcileArgs),
+    /// Serve OpenAI's transcription API (`POST /v1/audio/transcriptions`, `GET /v1/models`)
+    /// with `/health` and `/metrics`, on the in-process engine or the worker fleet.
+    Serve(cli::serve::ServeArgs),
 }
 
 fn main() -> anyhow::Result<ExitCode> {
@@ -45,6 +48,7 @@ fn main() -> anyhow::Result<ExitCode> {
         Command::Enqueue(args) => cli::run::block_on(cli::enqueue::run(args)),
         Command::Backfill(args) => cli::run::block_on(cli::backfill::run(args)),
         Command::Reconcile(args) => return cli::run::block_on(cli::reconcile::run(args)),
+        Command::Serve(args) => cli::run::block_on(cli::serve::run(args)),
     }?;
     Ok(ExitCode::SUCCESS)
 }

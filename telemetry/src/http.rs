@@ -63,10 +63,7 @@ pub async fn serve<E: Endpoints>(
         .await
         .map_err(failed)?;
     let bound = listener.local_addr().map_err(failed)?;
-    let app = axum::Router::new()
-        .route("/metrics", get(metrics::<E>))
-        .route("/health", get(health::<E>))
-        .with_state(endpoints);
+    let app = router(endpoints);
     tokio::spawn(async move {
         let served = axum::serve(listener, app)
             .with_graceful_shutdown(stop)
@@ -76,6 +73,14 @@ pub async fn serve<E: Endpoints>(
         }
     });
     Ok(bound)
+}
+
+/// `/metrics` and `/health` as routes, for a server that has routes of its own.
+pub fn router<E: Endpoints>(endpoints: Arc<E>) -> axum::Router {
+    axum::Router::new()
+        .route("/metrics", get(metrics::<E>))
+        .route("/health", get(health::<E>))
+        .with_state(endpoints)
 }
 
 async fn metrics<E: Endpoints>(State(endpoints): State<Arc<E>>) -> impl IntoResponse {

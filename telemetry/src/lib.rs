@@ -18,7 +18,7 @@ pub mod logs;
 use std::net::SocketAddr;
 
 pub use histogram::{Buckets, Histogram, HistogramFamily};
-pub use http::{serve, Endpoints, Health};
+pub use http::{router, serve, Endpoints, Health};
 pub use prometheus_client::metrics::counter::Counter;
 pub use prometheus_client::metrics::family::Family;
 pub use prometheus_client::metrics::gauge::Gauge;

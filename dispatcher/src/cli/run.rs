@@ -98,8 +98,12 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
 pub(crate) fn block_on<T, F: std::future::Future<Output = anyhow::Result<T>>>(
     fut: F,
 ) -> anyhow::Result<T> {
-    tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .build()?
-        .block_on(fut)
+        .build()?;
+    let result = runtime.block_on(fut);
+    // A blocking task still running once the command is done (a fleet still starting when
+    // `serve` was stopped) must not hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+    result
 }

@@ -418,7 +418,8 @@ pub async fn run_until_signal(
     Ok(consumer.run(stop).await)
 }
 
-async fn wait_for_signal() {
+/// SIGTERM or Ctrl-C.
+pub async fn wait_for_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};

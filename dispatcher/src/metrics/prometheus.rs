@@ -170,6 +170,11 @@ pub async fn serve(
         .map_err(|e| DispatchError::Config(e.to_string()))
 }
 
+/// `/metrics` and `/health` as routes of another server (`dispatcher serve`'s API listener).
+pub fn router(metrics: Metrics, healthy: Arc<AtomicBool>) -> axum::Router {
+    telemetry::router(Arc::new(Endpoints { metrics, healthy }))
+}
+
 impl telemetry::Endpoints for Endpoints {
     fn metrics(&self) -> String {
         self.metrics.render_prometheus()
