@@ -40,7 +40,10 @@ enum Command {
 
 fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
-    telemetry::logs::init(cli.log_format, "info");
+    // The audio decoders' own log lines (symphonia's "probe reached EOF", ...) repeat, in
+    // their words, what the dispatcher reports once as a typed error: off unless RUST_LOG
+    // asks for them.
+    telemetry::logs::init(cli.log_format, "info", &["symphonia"]);
     match cli.command {
         Command::Transcribe(args) => cli::transcribe::run(args),
         Command::Local(args) => return cli::run::block_on(cli::local::run(args)),

@@ -210,6 +210,11 @@ fn several_files_out_dir_and_a_failure() -> Result<()> {
         stderr.contains("broken.wav"),
         "stderr names the file: {stderr}"
     );
+    // Said once, by us: the decoder library's own error line stays out of the log.
+    ensure!(
+        stderr.matches("broken.wav").count() == 1 && !stderr.contains("symphonia"),
+        "one line about the file, no third-party log lines: {stderr}"
+    );
     for name in ["espeak_us", "audioeval_fox"] {
         let vtt = std::fs::read_to_string(out_dir.join(format!("{name}.vtt")))?;
         ensure!(vtt.starts_with("WEBVTT\n\n00:00:"), "{name}: {vtt}");

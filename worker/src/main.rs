@@ -17,7 +17,7 @@ use worker_protocol::{Task, WorkerInfo};
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    telemetry::logs::init(cli.log_format, "info");
+    telemetry::logs::init(cli.log_format, "info", &[]);
     match cli.command {
         Command::Serve(args) => serve(args),
         Command::Probe(args) => probe(&args),

@@ -4,7 +4,9 @@
 //!
 //! For each layout of `--layouts` (`single`: 1 worker, no MPS; `timesliceN`: N workers, no
 //! MPS; `mpsN`: N workers under MPS at 100/N % each; `cpuN`: N CPU workers, for smoke runs
-//! with `--cpu-instances`), per GPU of `--gpus`:
+//! with `--cpu-instances`; `api`: no fleet of its own, each request is the clip's WAV file
+//! posted to a running `dispatcher serve` at `--api-url`, as OpenAI's client would), per GPU
+//! of `--gpus`:
 //!
 //! 1. the fleet starts in `<runtime-dir>/<layout>` and the time until every worker is ready
 //!    is recorded;
@@ -56,7 +58,8 @@ struct Args {
     #[arg(long, value_delimiter = ',', required = true)]
     clips: Vec<PathBuf>,
     /// Worker layouts, each started on every GPU of `--gpus`: `single`, `timesliceN`, `mpsN`
-    /// (N workers at 100/N % under MPS), or `cpuN` with `--cpu-instances`.
+    /// (N workers at 100/N % under MPS), or `cpuN` with `--cpu-instances`; or `api` (the
+    /// server at `--api-url`).
     #[arg(
         long,
         value_delimiter = ',',
@@ -98,6 +101,15 @@ struct Args {
     /// Seed of the clip choices.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Layout `api`: the base URL of a running `dispatcher serve` (e.g. http://127.0.0.1:8000).
+    #[arg(long)]
+    api_url: Option<String>,
+    /// Layout `api`: the bearer key, if the server wants one.
+    #[arg(long, env = "SLA_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Layout `api`: the `model` field sent.
+    #[arg(long, default_value = "whisper-1")]
+    api_model: String,
     #[command(flatten)]
     fleet: FleetOptions,
 }
@@ -113,6 +125,8 @@ enum Layout {
     Mps(usize),
     /// N CPU workers.
     Cpu(usize),
+    /// A running `dispatcher serve` (`--api-url`), over HTTP.
+    Api,
 }
 
 impl Layout {
@@ -120,6 +134,7 @@ impl Layout {
         match self {
             Layout::Single => 1,
             Layout::Timeslice(n) | Layout::Mps(n) | Layout::Cpu(n) => n,
+            Layout::Api => 0,
         }
     }
 
@@ -140,6 +155,8 @@ impl FromStr for Layout {
         };
         if s == "single" {
             Ok(Layout::Single)
+        } else if s == "api" {
+            Ok(Layout::Api)
         } else if let Some(rest) = s.strip_prefix("timeslice") {
             count(rest).map(Layout::Timeslice)
         } else if let Some(rest) = s.strip_prefix("mps") {
@@ -147,7 +164,9 @@ impl FromStr for Layout {
         } else if let Some(rest) = s.strip_prefix("cpu") {
             count(rest).map(Layout::Cpu)
         } else {
-            Err(format!("{s:?}: expected single, timesliceN, mpsN or cpuN"))
+            Err(format!(
+                "{s:?}: expected single, timesliceN, mpsN, cpuN or api"
+            ))
         }
     }
 }
@@ -159,6 +178,7 @@ impl fmt::Display for Layout {
             Layout::Timeslice(n) => write!(f, "timeslice{n}"),
             Layout::Mps(n) => write!(f, "mps{n}"),
             Layout::Cpu(n) => write!(f, "cpu{n}"),
+            Layout::Api => write!(f, "api"),
         }
     }
 }
@@ -249,6 +269,74 @@ fn thread_seed(seed: u64, parts: [u64; 4]) -> u64 {
     out
 }
 
+/// Posts the clips' WAV files to `POST /v1/audio/transcriptions`, as OpenAI's client would
+/// (multipart, `response_format` json): one connection per closed-loop thread, kept alive.
+struct ApiClient {
+    agent: ureq::Agent,
+    url: String,
+    key: Option<String>,
+    /// Per clip, the whole multipart body.
+    bodies: Vec<Vec<u8>>,
+}
+
+const BOUNDARY: &str = "sla-sweep-form-boundary";
+
+impl ApiClient {
+    fn new(args: &Args, base_url: &str) -> Result<Self> {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(120)))
+            .max_idle_connections(1024)
+            .max_idle_connections_per_host(1024)
+            .build()
+            .into();
+        let bodies = args
+            .clips
+            .iter()
+            .map(|path| {
+                let wav = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+                let mut body = format!(
+                    "--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n{}\r\n\
+                     --{BOUNDARY}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"clip.wav\"\r\n\
+                     Content-Type: audio/wav\r\n\r\n",
+                    args.api_model
+                )
+                .into_bytes();
+                body.extend_from_slice(&wav);
+                body.extend(format!("\r\n--{BOUNDARY}--\r\n").bytes());
+                Ok(body)
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            agent,
+            url: format!("{}/v1/audio/transcriptions", base_url.trim_end_matches('/')),
+            key: args.api_key.clone(),
+            bodies,
+        })
+    }
+
+    fn transcribe(&self, clip: usize) -> std::result::Result<(), String> {
+        let mut request = self.agent.post(&self.url).header(
+            "Content-Type",
+            format!("multipart/form-data; boundary={BOUNDARY}"),
+        );
+        if let Some(key) = &self.key {
+            request = request.header("Authorization", format!("Bearer {key}"));
+        }
+        let mut response = request
+            .send(&self.bodies[clip][..])
+            .map_err(|e| e.to_string())?;
+        let text = response
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| e.to_string())?;
+        if text.starts_with("{\"text\"") {
+            Ok(())
+        } else {
+            Err(format!("unexpected answer: {text}"))
+        }
+    }
+}
+
 fn read_wav(path: &Path) -> Result<Vec<f32>> {
     let mut reader = hound::WavReader::open(path).with_context(|| path.display().to_string())?;
     let spec = reader.spec();
@@ -278,7 +366,7 @@ struct Window {
 /// requests it saw answered inside the measured window. Returns when every thread has its last
 /// answer (at most one request past the window each).
 fn run_level(
-    fleet: &Fleet,
+    send: &(dyn Fn(usize) -> std::result::Result<(), String> + Sync),
     clips: &[Vec<f32>],
     concurrency: usize,
     warmup: Duration,
@@ -298,7 +386,7 @@ fn run_level(
                     while Instant::now() < until {
                         let c = rng.below(clips.len());
                         let sent = Instant::now();
-                        let answer = fleet.transcribe(&[clips[c].as_slice()]).remove(0);
+                        let answer = send(c);
                         let done = Instant::now();
                         let inside = done >= from && done <= until;
                         match answer {
@@ -425,11 +513,19 @@ fn main() -> Result<()> {
         p99_ms: args.sla_p99_ms,
     };
     // Every layout's configuration before anything starts: a bad name fails now.
-    let configs: Vec<(Layout, FleetConfig)> = args
+    let configs: Vec<(Layout, Option<FleetConfig>)> = args
         .layouts
         .iter()
-        .map(|&l| Ok((l, layout_config(&args, l)?)))
+        .map(|&l| match l {
+            Layout::Api => Ok((l, None)),
+            _ => Ok((l, Some(layout_config(&args, l)?))),
+        })
         .collect::<Result<_>>()?;
+    let api = match (args.layouts.contains(&Layout::Api), &args.api_url) {
+        (false, _) => None,
+        (true, None) => bail!("layout api needs --api-url"),
+        (true, Some(url)) => Some(ApiClient::new(&args, url)?),
+    };
     let clips: Vec<Vec<f32>> = args
         .clips
         .iter()
@@ -458,26 +554,43 @@ fn main() -> Result<()> {
     let sweep_started = Instant::now();
     for (index, (layout, config)) in configs.into_iter().enumerate() {
         let name = layout.to_string();
-        eprintln!(
-            "[{name}] starting {} worker(s) per group, {} (runtime dir {})",
-            layout.instances(),
-            if layout.mps() { "under MPS" } else { "no MPS" },
-            config.runtime_dir.display()
-        );
-        let started = Instant::now();
-        let fleet = Fleet::start(config).with_context(|| format!("{name}: starting"))?;
-        fleet
-            .wait_all_ready(Duration::from_secs(args.ready_timeout_s))
-            .with_context(|| format!("{name}: waiting for every worker"))?;
-        let ready_s = started.elapsed().as_secs_f64();
-        eprintln!("[{name}] every worker ready after {ready_s:.1} s");
+        let (fleet, ready_s) = match config {
+            Some(config) => {
+                eprintln!(
+                    "[{name}] starting {} worker(s) per group, {} (runtime dir {})",
+                    layout.instances(),
+                    if layout.mps() { "under MPS" } else { "no MPS" },
+                    config.runtime_dir.display()
+                );
+                let started = Instant::now();
+                let fleet = Fleet::start(config).with_context(|| format!("{name}: starting"))?;
+                fleet
+                    .wait_all_ready(Duration::from_secs(args.ready_timeout_s))
+                    .with_context(|| format!("{name}: waiting for every worker"))?;
+                let ready_s = started.elapsed().as_secs_f64();
+                eprintln!("[{name}] every worker ready after {ready_s:.1} s");
+                (Some(fleet), ready_s)
+            }
+            None => (None, 0.0),
+        };
+        let send = |c: usize| -> std::result::Result<(), String> {
+            match (&fleet, &api) {
+                (Some(fleet), _) => fleet
+                    .transcribe(&[clips[c].as_slice()])
+                    .remove(0)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                (None, Some(api)) => api.transcribe(c),
+                (None, None) => Err("no fleet and no API (bug)".into()),
+            }
+        };
 
         for round in 1..=args.rounds {
             for &c in &args.concurrency {
                 let seed = |t: usize| {
                     thread_seed(args.seed, [index as u64, round as u64, c as u64, t as u64])
                 };
-                let mut window = run_level(&fleet, &clips, c, warmup, measured, seed);
+                let mut window = run_level(&send, &clips, c, warmup, measured, seed);
                 failures_outside += window.failures_outside;
                 let row = window_row(&name, round, c, &mut window, args.level_s, ready_s, sla);
                 eprintln!(
@@ -507,9 +620,11 @@ fn main() -> Result<()> {
                 rows.push(row);
             }
         }
-        drop(fleet);
-        eprintln!("[{name}] stopped");
-        std::thread::sleep(Duration::from_secs_f64(args.settle_s.max(0.0)));
+        if let Some(fleet) = fleet {
+            drop(fleet);
+            eprintln!("[{name}] stopped");
+            std::thread::sleep(Duration::from_secs_f64(args.settle_s.max(0.0)));
+        }
     }
 
     let levels = sla::aggregate(&rows, Some(&latencies), sla);

@@ -45,7 +45,7 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    telemetry::logs::init(args.log_format, "info");
+    telemetry::logs::init(args.log_format, "info", &[]);
     let config = args
         .fleet
         .to_config_with_diarization(args.engine, &args.model, args.diar_model.as_deref())
