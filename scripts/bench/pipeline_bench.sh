@@ -25,6 +25,7 @@
 #            part, as run default-quarter when default is a step)
 #   layouts  the whole mix with one worker (--instances-per-gpu 1) and with 4 under MPS
 #            (--instances-per-gpu 4), beside the default
+#   threads  the layouts of `layouts` with DECODE_THREADS (default "24 32") decode threads
 #   formats  host CPU per format: one run per format's recordings (and one with none, whose
 #            CPU, the fleet's start and stop, is subtracted)
 #   sla      the seed article's SLA sweep (worker/fleet/examples/sla_sweep.rs) on the 5/15/30/
@@ -176,6 +177,13 @@ PY
 has default && run default "$CORPUS"
 has layouts && run one-worker "$CORPUS" --instances-per-gpu 1
 has layouts && run mps4 "$CORPUS" --instances-per-gpu 4
+# The decode pool's size against the layouts (DECODE_THREADS, default "24 32").
+if has threads; then
+  for n in ${DECODE_THREADS:-24 32}; do
+    run "mps4-threads$n" "$CORPUS" --instances-per-gpu 4 --decode-threads "$n"
+    run "one-worker-threads$n" "$CORPUS" --instances-per-gpu 1 --decode-threads "$n"
+  done
+fi
 # The comparisons run on 30 % of the mix (the copies whose round ends in 0, 4 or 8).
 if has before || has single || has spin; then
   rm -rf "$CORPUS-quarter"; mkdir -p "$CORPUS-quarter"
