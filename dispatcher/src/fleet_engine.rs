@@ -17,7 +17,7 @@ use crate::diarizer::Diarizer;
 use crate::error::{DispatchError, Result};
 use crate::metrics::MetricsSource;
 use crate::model_id::given_or_hashed;
-use crate::transcriber::{Capacity, Transcriber};
+use crate::transcriber::{Capacity, Priority, Transcriber};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum EngineChoice {
@@ -204,6 +204,12 @@ impl Transcriber for FleetEngine {
 
     fn transcribe(&self, segments: &[&[f32]]) -> Result<Vec<Transcript>> {
         self.inner.transcribe(segments).map_err(classify)
+    }
+
+    fn transcribe_at(&self, segments: &[&[f32]], priority: Priority) -> Result<Vec<Transcript>> {
+        self.inner
+            .transcribe_with(segments, priority)
+            .map_err(classify)
     }
 
     /// Every transcription worker's outstanding requests: that many segments keep all their

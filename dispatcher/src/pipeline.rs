@@ -25,7 +25,7 @@ use crate::recording::transcribe_recording;
 use crate::render;
 use crate::store::{ObjectMeta, ObjectStore};
 use crate::tenants::Tenants;
-use crate::transcriber::Transcriber;
+use crate::transcriber::{Priority, Transcriber};
 
 #[derive(Debug, Clone)]
 pub struct PipelineSettings {
@@ -311,6 +311,7 @@ impl Pipeline {
                 diarizing.as_deref(),
                 &recording,
                 per_call,
+                Priority::Batch,
             )
         })
         .await

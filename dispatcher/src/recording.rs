@@ -12,7 +12,7 @@ use model_core::transcript::{Segment, TimedToken, Transcript, Word};
 use crate::decode::Decoded;
 use crate::diarizer::Diarizer;
 use crate::error::{DispatchError, Result};
-use crate::transcriber::Transcriber;
+use crate::transcriber::{Priority, Transcriber};
 
 /// A recording's transcript (speakers attributed when diarized) and where the time went.
 pub struct RecordingResult {
@@ -25,13 +25,14 @@ pub struct RecordingResult {
     pub diarization_s: f64,
 }
 
-/// Transcribes `decoded` with `segments_per_call` segments per transcriber call, diarizing the
-/// whole recording alongside when `diarizer` is given.
+/// Transcribes `decoded` with `segments_per_call` segments per transcriber call at `priority`,
+/// diarizing the whole recording alongside when `diarizer` is given.
 pub fn transcribe_recording(
     transcriber: &dyn Transcriber,
     diarizer: Option<&dyn Diarizer>,
     decoded: &Decoded,
     segments_per_call: usize,
+    priority: Priority,
 ) -> Result<RecordingResult> {
     let pcm = decoded.pcm.as_slice();
     let (transcription, diarization) = std::thread::scope(|scope| {
@@ -43,7 +44,7 @@ pub fn transcribe_recording(
             })
         });
         let t = Instant::now();
-        let transcription = transcribe_segments(transcriber, decoded, segments_per_call)
+        let transcription = transcribe_segments(transcriber, decoded, segments_per_call, priority)
             .map(|pieces| (pieces, t.elapsed().as_secs_f64()));
         let diarization = diarization.map(|handle| {
             handle.join().unwrap_or_else(|_| {
@@ -77,13 +78,14 @@ fn transcribe_segments(
     transcriber: &dyn Transcriber,
     decoded: &Decoded,
     segments_per_call: usize,
+    priority: Priority,
 ) -> Result<Vec<Piece>> {
     let frame_s = transcriber.frame_duration_s();
     let rate = f64::from(audio::TARGET_SAMPLE_RATE_HZ);
     let mut pieces = Vec::with_capacity(decoded.segments.len());
     for batch in decoded.segments.chunks(segments_per_call.max(1)) {
         let refs: Vec<&[f32]> = batch.iter().map(|r| &decoded.pcm[r.clone()]).collect();
-        let transcripts = transcriber.transcribe(&refs)?;
+        let transcripts = transcriber.transcribe_at(&refs, priority)?;
         if transcripts.len() != batch.len() {
             return Err(DispatchError::Inference(format!(
                 "{} transcripts for {} segments (bug)",

@@ -4,6 +4,8 @@
 //! ([`crate::fleet_engine`]).
 
 use model_core::transcript::Transcript;
+/// Whether a person waits for the result (the HTTP API) or a queue of jobs does.
+pub use worker_fleet::Priority;
 
 use crate::error::Result;
 
@@ -16,6 +18,13 @@ pub trait Transcriber: Send + Sync {
 
     /// One transcript per segment, timestamps relative to the segment start.
     fn transcribe(&self, segments: &[&[f32]]) -> Result<Vec<Transcript>>;
+
+    /// As `transcribe`, at `priority`: an engine with a queue (the fleet) serves interactive
+    /// segments before waiting batch ones. One call at a time engines have no queue to reorder.
+    fn transcribe_at(&self, segments: &[&[f32]], priority: Priority) -> Result<Vec<Transcript>> {
+        let _ = priority;
+        self.transcribe(segments)
+    }
 
     /// How much work keeps this engine busy: the pipeline sizes its defaults from it.
     fn capacity(&self) -> Capacity {

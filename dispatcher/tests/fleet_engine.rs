@@ -281,3 +281,76 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default()
 }
+
+/// An interactive request (the HTTP API's) goes to a worker before every batch request already
+/// waiting: with one worker taking one request at a time and a dozen batch segments queued,
+/// it is answered after at most the one in progress, not after the queue.
+#[test]
+fn interactive_segments_overtake_waiting_batch_segments() {
+    use dispatcher::transcriber::Priority;
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args = EngineArgs {
+        engine: EngineChoice::Fleet,
+        worker_engine: Some(engine::EngineKind::Cpu),
+        fleet_ready_timeout_s: 120,
+        fleet: worker_fleet::FleetOptions {
+            cpu_instances: Some(1),
+            worker_binary: Some(worker_binary()),
+            runtime_dir: Some(dir.path().to_owned()),
+            max_outstanding_per_worker: 1,
+            request_timeout_s: 120,
+            health_timeout_ms: 5000,
+            startup_timeout_s: 60,
+            max_start_failures: 8,
+            ..Default::default()
+        },
+    };
+    let engine = dispatcher::fleet_engine::load(&args, &model(), Some("fixture".into()))
+        .expect("fleet engine");
+    let transcriber = engine.transcriber;
+    let pcm: Vec<f32> = (0..16_000 * 20)
+        .map(|i| 0.1 * (i as f32 * 300.0 * std::f32::consts::TAU / 16_000.0).sin())
+        .collect();
+    let batch_done: Vec<Instant> = std::thread::scope(|scope| {
+        let batch: Vec<_> = (0..12)
+            .map(|_| {
+                scope.spawn(|| {
+                    transcriber
+                        .transcribe_at(&[&pcm], Priority::Batch)
+                        .expect("batch segment");
+                    Instant::now()
+                })
+            })
+            .collect();
+        // Let the batch segments queue (the worker takes one at a time).
+        std::thread::sleep(Duration::from_millis(100));
+        let submitted = Instant::now();
+        transcriber
+            .transcribe_at(&[&pcm], Priority::Interactive)
+            .expect("interactive segment");
+        let answered = Instant::now();
+        let done: Vec<Instant> = batch
+            .into_iter()
+            .map(|t| t.join().expect("thread"))
+            .collect();
+        let before = done.iter().filter(|t| **t < submitted).count();
+        let meanwhile = done
+            .iter()
+            .filter(|t| **t >= submitted && **t <= answered)
+            .count();
+        let after = done.iter().filter(|t| **t > answered).count();
+        assert!(
+            after >= 8,
+            "the queue must still hold batch segments when the interactive one is answered \
+             (done before it was sent {before}, meanwhile {meanwhile}, after {after})"
+        );
+        assert!(
+            meanwhile <= 1,
+            "at most the segment in progress finishes first (meanwhile {meanwhile})"
+        );
+        done
+    });
+    assert_eq!(batch_done.len(), 12);
+}

@@ -22,7 +22,7 @@ use dispatcher::decode::{decode_segments, AudioSettings};
 use dispatcher::diarizer::Diarizer;
 use dispatcher::in_process;
 use dispatcher::recording::{transcribe_recording, RecordingResult};
-use dispatcher::transcriber::Transcriber;
+use dispatcher::transcriber::{Priority, Transcriber};
 use engine::{EncoderPrecision, EngineKind, EngineSettings};
 use model_core::render::{render, OutputFormat, RenderOptions};
 
@@ -108,6 +108,7 @@ impl Transcribing<'_> {
             self.diarizer.as_deref(),
             &decoded,
             self.args.segments_per_call,
+            Priority::Batch,
         )?)
     }
 }

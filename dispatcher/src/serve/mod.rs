@@ -37,6 +37,7 @@ use crate::error::{DispatchError, Result};
 use crate::fleet_engine::LoadedEngine;
 use crate::metrics::Metrics;
 use crate::recording::transcribe_recording;
+use crate::transcriber::Priority;
 
 /// How the API serves.
 #[derive(Debug, Clone)]
@@ -281,6 +282,7 @@ impl Api {
                 diarizer.as_deref(),
                 &decoded,
                 per_call,
+                Priority::Interactive,
             )
         })
         .await

@@ -38,6 +38,15 @@ use state::{Answer, Phase, Request, Shared, Slot, State};
 use stop::{stop_children, stop_daemons};
 use supervise::monitor_loop;
 
+/// Who waits for a request: a person at an API (`Interactive`, served first) or a queue of
+/// jobs (`Batch`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Priority {
+    #[default]
+    Batch,
+    Interactive,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WorkerPhase {
@@ -267,11 +276,22 @@ impl Fleet {
     }
 
     /// Transcribes each clip on some worker; blocks while every worker is full.
-    /// One result per clip, in order.
+    /// One result per clip, in order. Batch priority: see [`Fleet::transcribe_with`].
     pub fn transcribe(&self, clips: &[&[f32]]) -> Vec<Result<TranscribeResponse, FleetError>> {
+        self.transcribe_with(clips, Priority::Batch)
+    }
+
+    /// As [`Fleet::transcribe`], at `priority`: interactive clips go to a worker before every
+    /// waiting batch clip, and the waiting cap (`max_waiting`) counts each priority apart, so a
+    /// backfill filling the queue never blocks an interactive submission.
+    pub fn transcribe_with(
+        &self,
+        clips: &[&[f32]],
+        priority: Priority,
+    ) -> Vec<Result<TranscribeResponse, FleetError>> {
         let mut ids = Vec::with_capacity(clips.len());
         for clip in clips {
-            ids.push(self.submit(Task::Transcribe, clip));
+            ids.push(self.submit(Task::Transcribe, priority, clip));
         }
         ids.into_iter()
             .map(|id| match self.wait_result(id?)? {
@@ -288,21 +308,21 @@ impl Fleet {
         if !self.has_diarization() {
             return Err(no_diarization_pool());
         }
-        let id = self.submit(Task::Diarize, pcm_16k)?;
+        let id = self.submit(Task::Diarize, Priority::Batch, pcm_16k)?;
         match self.wait_result(id)? {
             Answer::Diarized(response) => Ok(response),
             Answer::Transcribed(_) => Err(wrong_answer(Task::Diarize)),
         }
     }
 
-    fn submit(&self, task: Task, clip: &[f32]) -> Result<u64, FleetError> {
+    fn submit(&self, task: Task, priority: Priority, clip: &[f32]) -> Result<u64, FleetError> {
         let cfg = &self.shared.config;
         let deadline = Instant::now() + cfg.submit_timeout;
         let mut state = self.shared.lock();
         if let Some(e) = state.cannot_start(cfg.max_start_failures) {
             return Err(e);
         }
-        while state.waiting.len() >= cfg.max_waiting {
+        while state.waiting.len_of(priority) >= cfg.max_waiting {
             let now = Instant::now();
             if state.shutting_down {
                 return Err(FleetError::ShuttingDown);
@@ -325,6 +345,7 @@ impl Fleet {
             id,
             Request {
                 task,
+                priority,
                 pcm: Arc::new(clip.to_vec()),
                 on: None,
                 sent_at: None,
@@ -333,7 +354,7 @@ impl Fleet {
                 done: Arc::new(Condvar::new()),
             },
         );
-        state.waiting.of(task).push_back(id);
+        state.waiting.of(task).push_back(id, priority);
         dispatch(&self.shared, &mut state);
         Ok(id)
     }

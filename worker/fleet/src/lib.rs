@@ -32,7 +32,7 @@ mod transcriber;
 pub use config::{Backoff, DiarizationPool, FleetConfig, GroupConfig};
 pub use error::FleetError;
 pub use events::{FleetEvent, RestartCause};
-pub use fleet::{Fleet, FleetHooks, WorkerPhase, WorkerStatus};
+pub use fleet::{Fleet, FleetHooks, Priority, WorkerPhase, WorkerStatus};
 pub use health::{FleetHealth, GroupHealth};
 pub use load_lock::LoadLock;
 pub use options::{gpu_groups, FleetOptions};

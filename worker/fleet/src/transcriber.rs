@@ -7,7 +7,7 @@ use model_core::timestamps::Timestamper;
 use model_core::transcript::Transcript;
 
 use crate::error::FleetError;
-use crate::fleet::Fleet;
+use crate::fleet::{Fleet, Priority};
 
 pub struct FleetTranscriber {
     fleet: Fleet,
@@ -47,8 +47,17 @@ impl FleetTranscriber {
 
     /// One transcript per segment; the first failed segment fails the call.
     pub fn transcribe(&self, segments: &[&[f32]]) -> Result<Vec<Transcript>, FleetError> {
+        self.transcribe_with(segments, Priority::Batch)
+    }
+
+    /// As [`FleetTranscriber::transcribe`], at `priority` ([`Fleet::transcribe_with`]).
+    pub fn transcribe_with(
+        &self,
+        segments: &[&[f32]],
+        priority: Priority,
+    ) -> Result<Vec<Transcript>, FleetError> {
         self.fleet
-            .transcribe(segments)
+            .transcribe_with(segments, priority)
             .into_iter()
             .zip(segments)
             .map(|(response, pcm)| {

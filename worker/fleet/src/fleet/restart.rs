@@ -142,7 +142,7 @@ fn take_down(shared: &Shared, state: &mut State, slot: usize, cause: RestartCaus
                     attempts: req.attempts,
                 }));
             } else {
-                state.waiting.of(req.task).push_front(id);
+                state.waiting.of(req.task).push_front(id, req.priority);
             }
         }
     }

@@ -131,8 +131,10 @@ pub(super) fn on_message(shared: &Shared, slot: usize, generation: u64, message:
                 match error.kind {
                     // Not this request's fault: try again elsewhere.
                     WireErrorKind::Overloaded | WireErrorKind::ShuttingDown => {
-                        if let Some(task) = state.requests.get(&id).map(|r| r.task) {
-                            state.waiting.of(task).push_front(id);
+                        if let Some((task, priority)) =
+                            state.requests.get(&id).map(|r| (r.task, r.priority))
+                        {
+                            state.waiting.of(task).push_front(id, priority);
                         }
                     }
                     kind => {

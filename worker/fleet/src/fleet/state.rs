@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use worker_protocol::{DiarizeResponse, ModelInfo, Task, TranscribeResponse, WorkerInfo};
 
+use super::Priority;
 use crate::client::Connection;
 use crate::config::FleetConfig;
 use crate::error::FleetError;
@@ -59,6 +60,7 @@ pub(super) struct Slot {
 
 pub(super) struct Request {
     pub(super) task: Task,
+    pub(super) priority: Priority,
     pub(super) pcm: Arc<Vec<f32>>,
     pub(super) on: Option<(usize, u64)>,
     pub(super) sent_at: Option<Instant>,
@@ -87,12 +89,12 @@ pub(super) enum Answer {
 /// transcription, nor the reverse).
 #[derive(Default)]
 pub(super) struct Waiting {
-    transcribe: VecDeque<u64>,
-    diarize: VecDeque<u64>,
+    transcribe: Lanes,
+    diarize: Lanes,
 }
 
 impl Waiting {
-    pub(super) fn of(&mut self, task: Task) -> &mut VecDeque<u64> {
+    pub(super) fn of(&mut self, task: Task) -> &mut Lanes {
         match task {
             Task::Transcribe => &mut self.transcribe,
             Task::Diarize => &mut self.diarize,
@@ -101,6 +103,60 @@ impl Waiting {
 
     pub(super) fn len(&self) -> usize {
         self.transcribe.len() + self.diarize.len()
+    }
+
+    /// Waiting requests of this priority (what the submit cap counts for it).
+    pub(super) fn len_of(&self, priority: Priority) -> usize {
+        self.transcribe.lane(priority).len() + self.diarize.lane(priority).len()
+    }
+}
+
+/// One task's waiting requests: every interactive one goes to a worker before any batch one
+/// (each lane oldest first), so a backfill queued here does not delay an API request.
+#[derive(Default)]
+pub(super) struct Lanes {
+    interactive: VecDeque<u64>,
+    batch: VecDeque<u64>,
+}
+
+impl Lanes {
+    fn lane(&self, priority: Priority) -> &VecDeque<u64> {
+        match priority {
+            Priority::Interactive => &self.interactive,
+            Priority::Batch => &self.batch,
+        }
+    }
+
+    fn lane_mut(&mut self, priority: Priority) -> &mut VecDeque<u64> {
+        match priority {
+            Priority::Interactive => &mut self.interactive,
+            Priority::Batch => &mut self.batch,
+        }
+    }
+
+    /// The next request to send.
+    pub(super) fn front(&self) -> Option<&u64> {
+        self.interactive.front().or(self.batch.front())
+    }
+
+    pub(super) fn pop_front(&mut self) -> Option<u64> {
+        self.interactive
+            .pop_front()
+            .or_else(|| self.batch.pop_front())
+    }
+
+    /// A new request, behind the others of its priority.
+    pub(super) fn push_back(&mut self, id: u64, priority: Priority) {
+        self.lane_mut(priority).push_back(id);
+    }
+
+    /// A request sent back (its worker failed or was full): first of its priority again.
+    pub(super) fn push_front(&mut self, id: u64, priority: Priority) {
+        self.lane_mut(priority).push_front(id);
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.interactive.len() + self.batch.len()
     }
 }
 
