@@ -215,6 +215,24 @@ pub fn consumer(
     metrics: &MetricsRuntime,
     exit_when_idle: bool,
 ) -> Result<Arc<Consumer>> {
+    consumer_with(
+        settings,
+        parts,
+        &metrics.metrics,
+        metrics.healthy.clone(),
+        exit_when_idle,
+    )
+}
+
+/// [`consumer`] with the metrics handle and health flag given apart (for a consumer started
+/// from another thread, as `serve` does once its engine is loaded).
+pub fn consumer_with(
+    settings: &Settings,
+    parts: ConsumerParts,
+    metrics: &Metrics,
+    healthy: Arc<AtomicBool>,
+    exit_when_idle: bool,
+) -> Result<Arc<Consumer>> {
     let ConsumerParts {
         queue,
         store,
@@ -234,7 +252,7 @@ pub fn consumer(
         Pipeline::new(
             store,
             transcriber,
-            metrics.metrics.clone(),
+            metrics.clone(),
             pipeline_settings(settings, &sizing)?,
         )
         .with_diarizer(diarizer),
@@ -244,7 +262,7 @@ pub fn consumer(
         pipeline,
         consumer_settings(settings, &sizing, exit_when_idle),
     );
-    consumer.healthy = metrics.healthy.clone();
+    consumer.healthy = healthy;
     Ok(Arc::new(consumer))
 }
 

@@ -477,3 +477,69 @@ fn no_ready_worker_means_503_with_retry_after() -> Result<()> {
     ensure!(exit.success(), "exit {exit}:\n{}", server.log());
     Ok(())
 }
+
+/// With `--spool`, `--store` and `--input-dir`, the server also works through that job queue
+/// on the same engine: every fixture clip gets its result while the API answers.
+#[test]
+fn serve_also_consumes_a_local_job_queue() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let inputs = fixtures().join("clips");
+    let store = dir.path().join("store");
+    let mut server = Server::start(
+        dir.path(),
+        "jobs",
+        &[
+            "--model",
+            model().to_str().context("utf-8 path")?,
+            "--spool",
+            dir.path().join("spool").to_str().context("utf-8 path")?,
+            "--store",
+            store.to_str().context("utf-8 path")?,
+            "--input-dir",
+            inputs.to_str().context("utf-8 path")?,
+        ],
+    )?;
+    server.wait_health(200, Duration::from_secs(60))?;
+    let (head, tail) = transcription_request(&std::fs::read(clip())?, None);
+    let answer = request(server.addr, &[head, tail].concat())?;
+    ensure!(answer.status == 200, "{answer:?}");
+    let clips = std::fs::read_dir(&inputs)?.count();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let manifests = || -> usize {
+        walk(&store.join("results"))
+            .iter()
+            .filter(|p| p.ends_with("manifest.json"))
+            .count()
+    };
+    while manifests() < clips {
+        ensure!(
+            Instant::now() < deadline,
+            "{} of {clips} results:\n{}",
+            manifests(),
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    server.sigterm()?;
+    let exit = server.wait_exit(Duration::from_secs(30))?;
+    ensure!(exit.success(), "exit {exit}:\n{}", server.log());
+    ensure!(server.log().contains("consuming the spool's jobs beside the API"));
+    Ok(())
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .flat_map(|e| {
+            let path = e.path();
+            if path.is_dir() {
+                walk(&path)
+            } else {
+                vec![path]
+            }
+        })
+        .collect()
+}

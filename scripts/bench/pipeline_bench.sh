@@ -35,7 +35,9 @@
 #   api      the same sweep through the OpenAI-compatible HTTP API: `dispatcher serve --engine
 #            fleet --gpus 0` (API_SERVE_ARGS, default --instances-per-gpu 4) on 127.0.0.1:8000,
 #            each request a clip's WAV posted as OpenAI's client posts it (sla_sweep --layouts
-#            api); writes api.csv
+#            api, levels API_CONCURRENCY); writes api.csv
+#   api-backfill  the same while that server also works through the corpus as a backfill on
+#            the same fleet (--spool/--store/--input-dir); writes api-backfill.csv
 # Every run's host CPU is the user + system time of the dispatcher and everything it waited for
 # (its workers); its wall and audio-s/s come from the dispatcher's closing table, which times
 # from the fleet being ready (its start excluded) to the last job's end.
@@ -228,28 +230,36 @@ if has sla; then
   echo "sla sweep exit $?"; tail -8 "$OUT/sla.log"; cat "$OUT/sla-summary.txt"
 fi
 
-if has api; then
+# The API sweep, alone (step api) or while the same server works through the whole corpus as
+# a backfill on the same fleet (step api-backfill: --spool/--store/--input-dir, the API's segments
+# first); writes api.csv / api-backfill.csv.
+api_sweep() {
+  local name=$1; shift
   CLIPS=$(ls "$SEED"/ref16k/*.wav | paste -sd,)
+  rm -rf /tmp/api-spool /tmp/api-store
   # shellcheck disable=SC2086 # API_SERVE_ARGS is a list of flags
   "$BIN/dispatcher" serve --listen 127.0.0.1:8000 --model "$MODEL" --engine fleet --gpus 0 \
-    --worker-binary "$BIN/worker" ${API_SERVE_ARGS:---instances-per-gpu 4} \
-    > "$OUT/api-serve.log" 2>&1 &
+    --worker-binary "$BIN/worker" ${API_SERVE_ARGS:---instances-per-gpu 4} "$@" \
+    > "$OUT/$name-serve.log" 2>&1 &
   serve_pid=$!
   started=$(date +%s%N)
   until curl -sf -o /dev/null http://127.0.0.1:8000/health; do
-    kill -0 "$serve_pid" 2>/dev/null || { echo "serve exited"; tail -20 "$OUT/api-serve.log"; break; }
+    kill -0 "$serve_pid" 2>/dev/null || { echo "serve exited"; tail -20 "$OUT/$name-serve.log"; return; }
     sleep 0.2
   done
-  echo "api ready after $(( ($(date +%s%N) - started) / 1000000 )) ms"
+  echo "$name: ready after $(( ($(date +%s%N) - started) / 1000000 )) ms"
   RUST_LOG=warn timeout 400 "$BIN/sla_sweep" --model "$MODEL" --clips "$CLIPS" --layouts api \
     --api-url http://127.0.0.1:8000 \
-    --concurrency "${SLA_CONCURRENCY:-1,4,16,32,64,100,128,160,192,256}" \
+    --concurrency "${API_CONCURRENCY:-1,4,16,32,64,100,128,160,192,256}" \
     --rounds "${SLA_ROUNDS:-2}" --level-s "${SLA_LEVEL_S:-2.5}" --warmup-s 0.5 \
-    --out-csv "$OUT/api.csv" > "$OUT/api-summary.txt" 2> "$OUT/api.log"
-  echo "api sweep exit $?"; tail -4 "$OUT/api.log"; cat "$OUT/api-summary.txt"
-  curl -s http://127.0.0.1:8000/metrics | grep -E '^dispatcher_api_request' | grep -v bucket
-  kill -TERM "$serve_pid"; wait "$serve_pid"; echo "serve exit $?"
-fi
+    --out-csv "$OUT/$name.csv" > "$OUT/$name-summary.txt" 2> "$OUT/$name.log"
+  echo "$name sweep exit $?"; tail -3 "$OUT/$name.log"; cat "$OUT/$name-summary.txt"
+  curl -s http://127.0.0.1:8000/metrics | grep -E '^dispatcher_(api_request|jobs|audio_seconds)' | grep -v bucket
+  kill -TERM "$serve_pid"; wait "$serve_pid"; echo "$name: serve exit $?"
+}
+has api && api_sweep api
+has api-backfill && api_sweep api-backfill --spool /tmp/api-spool --store /tmp/api-store \
+  --input-dir "$CORPUS"
 
 if [ -n "${TARBALL:-}" ]; then
   tar czf "$TARBALL" -C "$(dirname "$OUT")" "$(basename "$OUT")"

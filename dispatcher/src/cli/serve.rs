@@ -1,13 +1,20 @@
 //! `dispatcher serve`: OpenAI's transcription API over HTTP, on the in-process engine or the
-//! worker fleet (the same engine flags and settings as `local` and `run`).
+//! worker fleet (the same engine flags and settings as `local` and `run`). With `--spool` and
+//! `--store` it also works through that local job queue (a backfill) on the same engine, the
+//! API's segments first.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context};
 use dispatcher::app::{self, MetricsRuntime};
 use dispatcher::config::SettingsArgs;
-use dispatcher::lifecycle::wait_for_signal;
+use dispatcher::lifecycle::{wait_for_signal, RunSummary};
+use dispatcher::queue::spool::SpoolQueue;
+use dispatcher::store::local::LocalStore;
+use tokio::runtime::Handle;
+use tokio::task::JoinHandle;
 use dispatcher::serve::{serve, ApiKeys, ServeOptions};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -40,6 +47,16 @@ pub(crate) struct ServeArgs {
     /// Requests accepted and not yet answered; one more is answered 429 with `Retry-After`.
     #[arg(long, env = "DISPATCHER_MAX_PENDING_REQUESTS", default_value_t = 512)]
     pub(crate) max_pending_requests: usize,
+    /// Also consume this spool directory's jobs (as `local` does) on the same engine, once it
+    /// is ready; the API's segments go to the workers first. Needs `--store`.
+    #[arg(long, env = "DISPATCHER_SPOOL", requires = "store")]
+    pub(crate) spool: Option<PathBuf>,
+    /// The store directory of `--spool`'s jobs (inputs and results, as for `local`).
+    #[arg(long, env = "DISPATCHER_STORE", requires = "spool")]
+    pub(crate) store: Option<PathBuf>,
+    /// Submit every file under this folder to `--spool` first (as `local --input-dir`).
+    #[arg(long, requires = "spool")]
+    pub(crate) input_dir: Option<PathBuf>,
     /// TOML file with any of the settings below.
     #[arg(long, env = "DISPATCHER_CONFIG")]
     pub(crate) config: Option<PathBuf>,
@@ -68,7 +85,15 @@ fn model_names(served: Option<String>, model: &Path, aliases: Vec<String>) -> Ve
 
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Everything is checked before the listener binds or a worker starts.
-    let settings = args.settings.resolve(args.config.as_deref())?;
+    let local_defaults = SettingsArgs {
+        output_uri: Some(super::local::LOCAL_OUTPUT_URI.into()),
+        wait_time_s: Some(1),
+        ..SettingsArgs::default()
+    };
+    let settings = args
+        .settings
+        .over(local_defaults)
+        .resolve(args.config.as_deref())?;
     let model = settings
         .model
         .clone()
@@ -90,6 +115,18 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         segments_per_call: settings.segments_per_call,
         drain_grace: Duration::from_secs(settings.drain_grace_s),
     };
+    let jobs = match (&args.spool, &args.store) {
+        (Some(spool), Some(store)) => {
+            let spool = SpoolQueue::open(spool, settings.max_receives)?;
+            let store = LocalStore::open(store)?;
+            if let Some(dir) = &args.input_dir {
+                let n = super::local::submit_dir(&spool, &store, dir, false)?;
+                eprintln!("submitted {n} files from {}", dir.display());
+            }
+            Some((spool, store))
+        }
+        _ => None,
+    };
     let metrics = MetricsRuntime::start(&settings, None).await?;
     let stop = CancellationToken::new();
     tokio::spawn({
@@ -101,7 +138,27 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     });
     let engine_args = args.engine;
-    let load = move || dispatcher::fleet_engine::load_for(&engine_args, &settings, &model);
+    let consuming: Arc<Mutex<Option<JoinHandle<RunSummary>>>> = Arc::default();
+    let load = {
+        let (metrics, healthy) = (metrics.metrics.clone(), metrics.healthy.clone());
+        let (consuming, stop, runtime) = (consuming.clone(), stop.clone(), Handle::current());
+        move || {
+            let engine = dispatcher::fleet_engine::load_for(&engine_args, &settings, &model)?;
+            if let Some((spool, store)) = jobs {
+                let parts = app::ConsumerParts {
+                    queue: Arc::new(spool),
+                    store: Arc::new(store),
+                    transcriber: engine.transcriber.clone(),
+                    diarizer: engine.diarizer.clone(),
+                };
+                let consumer = app::consumer_with(&settings, parts, &metrics, healthy, false)?;
+                tracing::info!("consuming the spool's jobs beside the API");
+                let handle = runtime.spawn(consumer.run(stop));
+                *consuming.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+            }
+            Ok(engine)
+        }
+    };
     let served = serve(
         options,
         metrics.metrics.clone(),
@@ -110,6 +167,11 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
         stop,
     )
     .await;
+    let consumer = consuming.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(consumer) = consumer {
+        let summary = consumer.await?;
+        tracing::info!(?summary, "the spool's consumer stopped");
+    }
     metrics.shutdown().await;
     Ok(served?)
 }
