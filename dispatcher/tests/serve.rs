@@ -523,7 +523,9 @@ fn serve_also_consumes_a_local_job_queue() -> Result<()> {
     server.sigterm()?;
     let exit = server.wait_exit(Duration::from_secs(30))?;
     ensure!(exit.success(), "exit {exit}:\n{}", server.log());
-    ensure!(server.log().contains("consuming the spool's jobs beside the API"));
+    ensure!(server
+        .log()
+        .contains("consuming the spool's jobs beside the API"));
     Ok(())
 }
 

@@ -6,17 +6,17 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use dispatcher::app::{self, MetricsRuntime};
 use dispatcher::config::SettingsArgs;
 use dispatcher::lifecycle::{wait_for_signal, RunSummary};
 use dispatcher::queue::spool::SpoolQueue;
+use dispatcher::serve::{serve, ApiKeys, ServeOptions};
 use dispatcher::store::local::LocalStore;
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
-use dispatcher::serve::{serve, ApiKeys, ServeOptions};
-use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, clap::Args)]
