@@ -4,10 +4,14 @@
 //! Rules, in order:
 //! 1. Requests past their deadline are taken out (the caller answers them `DeadlineExceeded`);
 //!    cancelled ones are removed by [`BatchQueue::cancel`] / [`BatchQueue::retain`].
-//! 2. The oldest request anchors the next batch, so nothing starves: a long segment that never
-//!    finds companions still goes first once it is the oldest.
-//! 3. Companions come from the anchor's length bucket first (powers of two of feature frames),
-//!    then the nearest buckets, oldest first within a bucket, while the padded cost
+//! 2. The oldest interactive request anchors the next batch, else the oldest batch request, so
+//!    a person waiting at the API goes before a queue of jobs, and nothing of one priority
+//!    starves: a long segment that never finds companions still goes first once it is the
+//!    oldest of its priority.
+//! 3. Companions are interactive requests first, then batch ones (which fill what room an
+//!    interactive batch leaves); within each, from the anchor's length bucket first (powers of
+//!    two of feature frames), then the nearest buckets, oldest first within a bucket, while the
+//!    padded cost
 //!    `longest × count` stays within the frame budget and the count within the largest preferred
 //!    size. The anchor alone may exceed the budget (it runs by itself).
 //! 4. The batch runs now, whole, if the anchor has waited `max_wait` or the budget stopped it
@@ -18,6 +22,8 @@
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
+
+pub use worker_protocol::Priority;
 
 /// Batching limits (validated by [`BatchPolicyConfig::new`]).
 #[derive(Debug, Clone, PartialEq)]
@@ -63,6 +69,7 @@ pub struct Queued<T> {
     pub frames: usize,
     pub arrived: Instant,
     pub deadline: Option<Instant>,
+    pub priority: Priority,
     pub payload: T,
 }
 
@@ -101,9 +108,19 @@ impl<T> BatchQueue<T> {
         self.queue.is_empty()
     }
 
-    /// Appends in arrival order (callers push as requests arrive).
+    /// Appends in arrival order (callers push as requests arrive), interactive requests ahead
+    /// of every batch one: the queue is always the interactive ones, oldest first, then the
+    /// batch ones, oldest first (rule 2's anchor is its front).
     pub fn push(&mut self, item: Queued<T>) {
-        self.queue.push_back(item);
+        let at = match item.priority {
+            Priority::Batch => self.queue.len(),
+            Priority::Interactive => self
+                .queue
+                .iter()
+                .position(|q| q.priority == Priority::Batch)
+                .unwrap_or(self.queue.len()),
+        };
+        self.queue.insert(at, item);
     }
 
     /// Removes a not-yet-started request.
@@ -141,9 +158,16 @@ impl<T> BatchQueue<T> {
         let due_at = anchor.arrived + self.config.max_wait;
         let max_size = self.config.max_batch_size();
 
-        // Candidates other than the anchor: nearest bucket first, then oldest.
+        // Candidates other than the anchor: interactive first, then nearest bucket, then oldest.
         let mut order: Vec<usize> = (1..self.queue.len()).collect();
-        order.sort_by_key(|&i| (bucket(self.queue[i].frames).abs_diff(anchor_bucket), i));
+        order.sort_by_key(|&i| {
+            let q = &self.queue[i];
+            (
+                q.priority == Priority::Batch,
+                bucket(q.frames).abs_diff(anchor_bucket),
+                i,
+            )
+        });
 
         let mut chosen = vec![0usize];
         let mut longest = anchor.frames;

@@ -9,7 +9,7 @@ use std::time::Instant;
 use tokio::sync::mpsc::OwnedPermit;
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use worker_protocol::{
-    DiarizeResponse, RequestId, Timings, TranscribeResponse, WireError, WireErrorKind,
+    DiarizeResponse, Priority, RequestId, Timings, TranscribeResponse, WireError, WireErrorKind,
     WorkerMessage,
 };
 
@@ -29,6 +29,7 @@ pub enum BatcherCommand {
         pending: Pending,
         frames: usize,
         deadline: Option<Instant>,
+        priority: Priority,
     },
     Cancel {
         conn: u64,
@@ -75,6 +76,7 @@ impl Batcher {
                 pending,
                 frames,
                 deadline,
+                priority,
             } => {
                 if self.queue.len() >= self.max_queue {
                     let msg = error_message(
@@ -91,6 +93,7 @@ impl Batcher {
                     frames,
                     arrived: Instant::now(),
                     deadline,
+                    priority,
                     payload: pending,
                 });
             }
@@ -266,6 +269,7 @@ mod tests {
             },
             frames: 11,
             deadline: None,
+            priority: Priority::Batch,
         }
     }
 

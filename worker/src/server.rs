@@ -8,8 +8,8 @@ use tokio::net::{unix::OwnedWriteHalf, UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use worker_protocol::{
     read_frame_async, write_frame_async, Audio, ClientMessage, DiarizeRequest, HealthReport,
-    ProtocolError, RequestId, Task, TranscribeRequest, WireError, WireErrorKind, WorkerInfo,
-    WorkerMessage, WorkerState, PROTOCOL_VERSION,
+    Priority, ProtocolError, RequestId, Task, TranscribeRequest, WireError, WireErrorKind,
+    WorkerInfo, WorkerMessage, WorkerState, PROTOCOL_VERSION,
 };
 
 use crate::batcher::{error_message, BatcherCommand, Pending, QueueStats};
@@ -151,8 +151,9 @@ async fn read_loop(
                 id,
                 audio,
                 deadline_ms,
+                priority,
             }) => {
-                let request = (id, audio, deadline_ms);
+                let request = (id, audio, deadline_ms, priority);
                 submit(Task::Transcribe, request, conn, ctx, outbox).await;
             }
             ClientMessage::Diarize(DiarizeRequest {
@@ -160,7 +161,8 @@ async fn read_loop(
                 audio,
                 deadline_ms,
             }) => {
-                let request = (id, audio, deadline_ms);
+                // One recording per diarization batch: nothing to reorder.
+                let request = (id, audio, deadline_ms, Priority::Batch);
                 submit(Task::Diarize, request, conn, ctx, outbox).await;
             }
             ClientMessage::Cancel { id } => {
@@ -180,7 +182,7 @@ async fn read_loop(
 /// the wrong model.
 async fn submit(
     task: Task,
-    (id, audio, deadline_ms): (RequestId, Audio, Option<u32>),
+    (id, audio, deadline_ms, priority): (RequestId, Audio, Option<u32>, Priority),
     conn: u64,
     ctx: &ServerContext,
     outbox: &mpsc::UnboundedSender<WorkerMessage>,
@@ -216,6 +218,7 @@ async fn submit(
         },
         frames,
         deadline: deadline_ms.map(|ms| Instant::now() + Duration::from_millis(u64::from(ms))),
+        priority,
     };
     if ctx.batcher.send(command).await.is_err() {
         let _ = outbox.send(error_message(

@@ -94,6 +94,7 @@ fn requests_of_the_other_task_are_bad_requests() -> Result<()> {
         id: 7,
         audio: Audio::Pcm16k(pcm[..16_000].to_vec()),
         deadline_ms: None,
+        priority: worker_protocol::Priority::Batch,
     };
     write_frame(&mut stream, &ClientMessage::Transcribe(request))?;
     let message = expect_bad_request(read_frame(&mut stream)?, 7)?;

@@ -26,6 +26,7 @@ fn transcribe_all(
             id: id as u64,
             audio: Audio::Pcm16k(clips[id % clips.len()].1.clone()),
             deadline_ms: None,
+            priority: worker_protocol::Priority::Batch,
         };
         write_frame(&mut stream, &ClientMessage::Transcribe(request))?;
     }
@@ -132,6 +133,7 @@ fn garbage_and_misuse_get_typed_errors_and_worker_keeps_serving() -> Result<()> 
             id,
             audio: Audio::Pcm16k(pcm),
             deadline_ms: None,
+            priority: worker_protocol::Priority::Batch,
         };
         write_frame(&mut s, &ClientMessage::Transcribe(req))?;
         assert!(matches!(
@@ -231,6 +233,7 @@ fn cancel_and_deadline_answer_without_running() -> Result<()> {
                 id,
                 audio,
                 deadline_ms,
+                priority: worker_protocol::Priority::Batch,
             }),
         )?;
     }

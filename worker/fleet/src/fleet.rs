@@ -17,6 +17,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+pub use worker_protocol::Priority;
 use worker_protocol::{DeviceReport, DiarizeResponse, ModelInfo, Task, TranscribeResponse};
 
 use crate::config::FleetConfig;
@@ -37,15 +38,6 @@ use routing::dispatch;
 use state::{Answer, Phase, Request, Shared, Slot, State};
 use stop::{stop_children, stop_daemons};
 use supervise::monitor_loop;
-
-/// Who waits for a request: a person at an API (`Interactive`, served first) or a queue of
-/// jobs (`Batch`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Priority {
-    #[default]
-    Batch,
-    Interactive,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

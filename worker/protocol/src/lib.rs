@@ -23,8 +23,8 @@ pub use frame::{decode_body, encode_frame, read_frame, write_frame, MAX_FRAME_BY
 pub use frame::{read_frame_async, write_frame_async};
 pub use messages::{
     Audio, ClientMessage, DeviceReport, DiarizeRequest, DiarizeResponse, HealthReport, ModelInfo,
-    MpsReport, RequestId, Task, Timings, TranscribeRequest, TranscribeResponse, WireError,
-    WireErrorKind, WorkerInfo, WorkerMessage, WorkerState, PROTOCOL_VERSION,
+    MpsReport, Priority, RequestId, Task, Timings, TranscribeRequest, TranscribeResponse,
+    WireError, WireErrorKind, WorkerInfo, WorkerMessage, WorkerState, PROTOCOL_VERSION,
 };
 
 #[cfg(test)]

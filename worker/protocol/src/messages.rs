@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 /// answers ([`DiarizeRequest`], [`DiarizeResponse`]).
 /// Version 4: PCM as one byte string of little-endian `f32` samples (was one postcard `f32` per
 /// sample).
-pub const PROTOCOL_VERSION: u16 = 4;
+/// Version 5: the [`Priority`] of a [`TranscribeRequest`].
+pub const PROTOCOL_VERSION: u16 = 5;
 
 /// Chosen by the client, unique per connection; the worker echoes it.
 pub type RequestId = u64;
@@ -83,6 +84,18 @@ pub struct TranscribeRequest {
     pub audio: Audio,
     /// Give up (answering `DeadlineExceeded`) if not started within this many ms of arrival.
     pub deadline_ms: Option<u32>,
+    /// Interactive requests are batched before waiting batch ones.
+    pub priority: Priority,
+}
+
+/// Who waits for a request: a person at an API (`Interactive`, served first) or a queue of
+/// jobs (`Batch`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    #[default]
+    Batch,
+    Interactive,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -12,6 +12,7 @@ fn request() -> ClientMessage {
         id: 42,
         audio: Audio::Pcm16k(vec![0.0, -1.0, 0.5, f32::MIN_POSITIVE]),
         deadline_ms: Some(250),
+        priority: Priority::Interactive,
     })
 }
 
@@ -90,6 +91,7 @@ fn diarization_messages_round_trip_and_differ_from_transcription() {
         id: d.id,
         audio: d.audio,
         deadline_ms: d.deadline_ms,
+        priority: Priority::Batch,
     });
     let (a, b) = (
         encode_frame(&as_transcribe).unwrap(),
@@ -252,10 +254,11 @@ fn pcm_travels_as_exact_bits_and_partial_samples_are_refused() {
         id: 7,
         audio: Audio::Pcm16k(samples.clone()),
         deadline_ms: None,
+        priority: Priority::Batch,
     });
     let body = encode_frame(&message).unwrap()[4..].to_vec();
-    // Variant tag, id, audio tag, byte length 20, the 20 sample bytes, no deadline.
-    assert_eq!(body.len(), 1 + 1 + 1 + 1 + 20 + 1);
+    // Variant tag, id, audio tag, byte length 20, the 20 sample bytes, no deadline, priority.
+    assert_eq!(body.len(), 1 + 1 + 1 + 1 + 20 + 1 + 1);
     assert_eq!(body[3], 20);
     let ClientMessage::Transcribe(back) = decode_body::<ClientMessage>(&body).unwrap() else {
         panic!("not a transcription request");

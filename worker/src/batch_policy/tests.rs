@@ -14,7 +14,15 @@ fn q(key: u64, frames: usize, arrived: Instant) -> Queued<()> {
         frames,
         arrived,
         deadline: None,
+        priority: Priority::Batch,
         payload: (),
+    }
+}
+
+fn interactive(key: u64, frames: usize, arrived: Instant) -> Queued<()> {
+    Queued {
+        priority: Priority::Interactive,
+        ..q(key, frames, arrived)
     }
 }
 
@@ -201,4 +209,32 @@ fn zero_wait_runs_at_once_with_everything_queued() {
         queue.push(q(k, 300, t0 + 2 * MS));
     }
     assert_eq!(queue.next_batch(t0 + 2 * MS).len_or_zero(), 16);
+}
+
+#[test]
+fn an_interactive_request_anchors_before_older_batch_ones() {
+    let t0 = Instant::now();
+    // Budget for 4 segments of 1000 frames: the batch queue alone would fill two batches.
+    let mut queue = BatchQueue::new(BatchPolicyConfig::new(vec![4], 50 * MS, 4_000).unwrap());
+    for k in 0..8 {
+        queue.push(q(k, 1_000, t0 + k as u32 * MS));
+    }
+    queue.push(interactive(100, 1_000, t0 + 20 * MS));
+    queue.push(interactive(101, 1_000, t0 + 21 * MS));
+    // The interactive ones first (oldest of them anchors), then the oldest batch ones fill up.
+    assert_eq!(keys(queue.next_batch(t0 + 22 * MS)), vec![100, 101, 0, 1]);
+    assert_eq!(keys(queue.next_batch(t0 + 22 * MS)), vec![2, 3, 4, 5]);
+}
+
+#[test]
+fn interactive_companions_come_before_batch_ones_of_a_nearer_length() {
+    let t0 = Instant::now();
+    let mut queue = BatchQueue::new(BatchPolicyConfig::new(vec![2], 50 * MS, 1_000_000).unwrap());
+    // The anchor is 1000 frames; a batch request of the same length bucket and an interactive
+    // one four buckets longer: the interactive one joins, the batch one waits.
+    queue.push(q(1, 1_000, t0));
+    queue.push(interactive(2, 1_000, t0 + MS));
+    queue.push(interactive(3, 16_000, t0 + 2 * MS));
+    assert_eq!(keys(queue.next_batch(t0 + 3 * MS)), vec![2, 3]);
+    assert_eq!(keys(queue.next_batch(t0 + 60 * MS)), vec![1]);
 }

@@ -62,6 +62,7 @@ fn dispatch_task(shared: &Shared, state: &mut State, task: Task) {
                 id,
                 audio,
                 deadline_ms: None,
+                priority: req.priority,
             }),
             Task::Diarize => ClientMessage::Diarize(DiarizeRequest {
                 id,

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use worker_protocol::{DiarizeResponse, ModelInfo, Task, TranscribeResponse, WorkerInfo};
 
-use super::Priority;
 use crate::client::Connection;
 use crate::config::FleetConfig;
 use crate::error::FleetError;
@@ -18,6 +17,7 @@ use crate::events::{FleetEvent, RestartCause};
 use crate::load_lock::LoadLock;
 use crate::metrics::{FleetMetrics, GroupMetrics};
 use crate::mps::{self, MpsControl};
+use worker_protocol::Priority;
 
 pub(super) const TICK: Duration = Duration::from_millis(20);
 pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
