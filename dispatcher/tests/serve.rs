@@ -174,16 +174,26 @@ const BOUNDARY: &str = "----serve-test-boundary";
 /// A transcription request: its headers, and its body as the part before the file's bytes
 /// end and the rest (so a test can hold the request open mid-body).
 fn transcription_request(file: &[u8], key: Option<&str>) -> (Vec<u8>, Vec<u8>) {
+    form_request(file, "clip.wav", &[("model", "whisper-1")], key)
+}
+
+/// [`transcription_request`] with any text fields and the upload's file name.
+fn form_request(
+    file: &[u8],
+    file_name: &str,
+    fields: &[(&str, &str)],
+    key: Option<&str>,
+) -> (Vec<u8>, Vec<u8>) {
     let mut body = Vec::new();
+    for (name, value) in fields {
+        body.extend(
+            format!("--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n")
+                .bytes(),
+        );
+    }
     body.extend(
         format!(
-            "--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper-1\r\n"
-        )
-        .bytes(),
-    );
-    body.extend(
-        format!(
-            "--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"clip.wav\"\r\nContent-Type: audio/wav\r\n\r\n"
+            "--{BOUNDARY}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{file_name}\"\r\nContent-Type: audio/wav\r\n\r\n"
         )
         .bytes(),
     );
@@ -544,4 +554,64 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
             }
         })
         .collect()
+}
+
+/// The diarization extension: `diarize=true` gives `rttm`, and speaker labels in
+/// `verbose_json`, exactly as `dispatcher transcribe --diarize` prints them.
+#[test]
+fn diarize_gives_what_transcribe_diarize_prints() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let diar = fixtures().join("sortformer-tiny/model.nemo");
+    let wav = fixtures().join("sortformer-tiny/three_speakers.wav");
+    let mut server = Server::start(
+        dir.path(),
+        "diarize",
+        &[
+            "--model",
+            model().to_str().context("utf-8 path")?,
+            "--diar-model",
+            diar.to_str().context("utf-8 path")?,
+        ],
+    )?;
+    server.wait_health(200, Duration::from_secs(60))?;
+    let audio = std::fs::read(&wav)?;
+    for (format, granularities) in [("rttm", None), ("verbose_json", Some(["word", "segment"]))] {
+        let mut fields = vec![
+            ("model", "whisper-1"),
+            ("diarize", "true"),
+            ("response_format", format),
+        ];
+        for g in granularities.into_iter().flatten() {
+            fields.push(("timestamp_granularities[]", g));
+        }
+        let (head, tail) = form_request(&audio, "three_speakers.wav", &fields, None);
+        let answer = request(server.addr, &[head, tail].concat())?;
+        ensure!(answer.status == 200, "{format}: {answer:?}");
+        let out = Command::new(env!("CARGO_BIN_EXE_dispatcher"))
+            .args([
+                "transcribe",
+                "--diarize",
+                "--format",
+                format,
+                "--diar-model",
+            ])
+            .arg(&diar)
+            .arg("--model")
+            .arg(model())
+            .arg(&wav)
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let want = String::from_utf8(out.stdout)?;
+        ensure!(
+            answer.body == want,
+            "{format}: the API gave\n{}\ntranscribe prints\n{want}",
+            answer.body
+        );
+        ensure!(want.contains("speaker"), "{format} names speakers: {want}");
+    }
+    Ok(())
 }
