@@ -295,3 +295,62 @@ fn log_lines_are_json_when_asked_and_plain_text_otherwise() -> Result<()> {
     );
     Ok(())
 }
+
+/// A model path of the wrong kind fails before anything runs, naming what it is and what to
+/// give instead (not the first config key or tar header that does not fit), exit status 1.
+#[test]
+fn a_model_of_the_wrong_kind_is_named_with_the_fix() -> Result<()> {
+    let f = fixtures();
+    let diar = f.join("sortformer-tiny/model.nemo");
+    let asr = f.join(MODEL).join("model.nemo");
+    let cases: [(Vec<PathBuf>, &[&str]); 5] = [
+        (
+            vec!["--model".into(), diar.clone()],
+            &["Sortformer diarization checkpoint", "--diar-model"],
+        ),
+        (
+            vec!["--model".into(), f.join("clips")],
+            &["this is a directory", "give the .nemo file itself"],
+        ),
+        (
+            vec!["--model".into(), f.join(MODEL).join("onnx")],
+            &["an ONNX export folder", "--engine onnx"],
+        ),
+        (
+            vec!["--model".into(), clip("espeak_us")],
+            &["this is an audio file", "the model's .nemo file"],
+        ),
+        (
+            vec![
+                "--model".into(),
+                asr.clone(),
+                "--diarize".into(),
+                "--diar-model".into(),
+                asr.clone(),
+            ],
+            &["Parakeet transcription checkpoint", "`--model`"],
+        ),
+    ];
+    for (args, wanted) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_dispatcher"))
+            .arg("transcribe")
+            .args(&args)
+            .arg(clip("espeak_short"))
+            .env_remove("RUST_BACKTRACE")
+            .output()?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            out.status.code() == Some(1),
+            "{args:?}: exit {:?}\n{stderr}",
+            out.status
+        );
+        for want in wanted {
+            ensure!(stderr.contains(want), "{args:?}: no `{want}` in\n{stderr}");
+        }
+        ensure!(
+            !stderr.contains("vocab_size") && !stderr.contains("bad archive"),
+            "{args:?}: a symptom instead of the cause:\n{stderr}"
+        );
+    }
+    Ok(())
+}

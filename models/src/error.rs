@@ -87,6 +87,15 @@ pub enum ModelError {
     #[error(transparent)]
     Core(#[from] model_core::CoreError),
 
+    /// The path holds something other than the model kind expected (checkpoint::kind).
+    #[error("{path}: this is {found}, not {expected}: {fix}")]
+    WrongModel {
+        path: PathBuf,
+        found: String,
+        expected: &'static str,
+        fix: String,
+    },
+
     #[error("{file}: {source}")]
     Io {
         file: PathBuf,

@@ -6,6 +6,7 @@
 //! place from the tar (a gzip-wrapped `.nemo` is first inflated to an anonymous temporary file
 //! under `TMPDIR`), so peak memory is the f32 weights plus about a megabyte.
 
+pub mod kind;
 mod nemo;
 mod pickle;
 mod torch;
@@ -105,8 +106,10 @@ pub(crate) struct RawNemo {
     pub(crate) tensors: TensorMap,
 }
 
-/// Reads `model_config.yaml` and `model_weights.ckpt` of any `.nemo` without interpreting them.
-pub(crate) fn read_raw_nemo(path: &Path) -> Result<RawNemo, ModelError> {
+/// Reads `model_config.yaml` and `model_weights.ckpt` of a `.nemo` without interpreting them,
+/// once the path and the config say it is an `expected` checkpoint (before the weights are read).
+pub(crate) fn read_raw_nemo(path: &Path, expected: kind::ModelKind) -> Result<RawNemo, ModelError> {
+    kind::check_path(path, expected)?;
     let archive = nemo::NemoArchive::open(path)?;
     let config_path = nemo::member_path(path, "model_config.yaml");
     let yaml = archive.read_small("model_config.yaml")?;
@@ -115,6 +118,7 @@ pub(crate) fn read_raw_nemo(path: &Path) -> Result<RawNemo, ModelError> {
         key: "<document>".to_string(),
         problem: format!("not UTF-8: {e}"),
     })?;
+    kind::check_config(path, &config_yaml, expected)?;
     let weights_path = nemo::member_path(path, "model_weights.ckpt");
     let weights_len = archive.member_len("model_weights.ckpt")?;
     let tensors = torch::read_state_dict(
@@ -160,6 +164,7 @@ impl Checkpoint {
         const CONFIG: &str = "model_config.yaml";
         const WEIGHTS: &str = "model_weights.ckpt";
 
+        kind::check_path(path, kind::ModelKind::Parakeet)?;
         let archive = nemo::NemoArchive::open(path)?;
         let config_path = nemo::member_path(path, CONFIG);
         let yaml = archive.read_small(CONFIG)?;
@@ -168,6 +173,7 @@ impl Checkpoint {
             key: "<document>".to_string(),
             problem: format!("not UTF-8: {e}"),
         })?;
+        kind::check_config(path, yaml, kind::ModelKind::Parakeet)?;
         let parsed = yaml_config::parse(yaml, &config_path)?;
         let mut config = parsed.model.clone();
         if let Some(padding) = options.stft_padding {

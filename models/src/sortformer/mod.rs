@@ -26,6 +26,7 @@ pub use config::{SortformerConfig, StreamingParams, TransformerConfig};
 pub use postprocess::PostProcessing;
 pub use streaming::StreamingState;
 
+use crate::checkpoint::kind::ModelKind;
 use crate::checkpoint::TensorMap;
 use crate::encoder::Encoder;
 use crate::error::ModelError;
@@ -44,7 +45,7 @@ pub struct SortformerCheckpoint {
 impl SortformerCheckpoint {
     /// Reads the config (fails fast on anything unsupported), then the weights.
     pub fn load(path: &Path) -> Result<Self, ModelError> {
-        let raw = crate::checkpoint::read_raw_nemo(path)?;
+        let raw = crate::checkpoint::read_raw_nemo(path, ModelKind::Sortformer)?;
         let config = config::parse(&raw.config_yaml, &raw.config_path)?;
         Ok(Self {
             config,
