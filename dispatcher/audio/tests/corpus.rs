@@ -28,6 +28,8 @@ const CORPUS: &[(&str, Expect)] = &[
     ("speech.m4a", Ok(44_100, 2)),
     ("speech.ogg", Ok(44_100, 1)),
     ("speech.opus.ogg", Ok(48_000, 1)),
+    // Stereo Opus, decoded by libopus straight to 16 kHz mono; reported as the container says.
+    ("tone_stereo.opus.ogg", Ok(48_000, 2)),
     // Matroska carries the encoder's input rate; libopus decodes straight to it.
     ("speech.webm", Ok(16_000, 1)),
     ("speech_ima_adpcm.wav", Ok(16_000, 1)),
