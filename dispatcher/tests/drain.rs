@@ -301,8 +301,9 @@ async fn interrupt(
     }
 }
 
-/// A Spot notice two seconds (plus the release margin) ahead: the jobs in flight finish,
-/// nothing more is received, and the consumer is done before the notice's time.
+/// A Spot notice a few seconds (plus the release margin) ahead: the jobs in flight finish,
+/// nothing more is received, and the consumer is done before the notice's time. (Six seconds:
+/// with three, a 300 ms job's store calls on a loaded CI machine missed the window once.)
 async fn a_spot_notice_drains_within_the_notice(backend: Backend) {
     let jobs = 10;
     enqueue(&backend, jobs).await;
@@ -317,7 +318,7 @@ async fn a_spot_notice_drains_within_the_notice(backend: Backend) {
         delay: Duration::from_millis(300),
     });
     let result = interrupt(&backend, slow, &settings, 2, |imds| {
-        let at = SystemTime::now() + RELEASE_MARGIN + Duration::from_secs(3);
+        let at = SystemTime::now() + RELEASE_MARGIN + Duration::from_secs(6);
         let time = DateTime::from(at)
             .fmt(DateTimeFormat::DateTime)
             .expect("format time");
@@ -330,9 +331,9 @@ async fn a_spot_notice_drains_within_the_notice(backend: Backend) {
         result.notice
     );
     assert_eq!(result.receives_after_notice, 0);
-    // Seconds are whole in the notice: up to 3 s to finish, plus the poll and a little slack.
+    // Seconds are whole in the notice: up to 6 s to finish, plus the poll and a little slack.
     assert!(
-        result.stopped_within < Duration::from_secs(4),
+        result.stopped_within < Duration::from_secs(7),
         "{:?}",
         result.stopped_within
     );
