@@ -59,6 +59,16 @@ pub(crate) struct LocalArgs {
     pub(crate) engine: dispatcher::fleet_engine::EngineArgs,
 }
 
+/// What a local spool and store change in the defaults: results under `<store>/results/`, and
+/// short receives (a directory answers at once; there is no long poll to wait out).
+pub(crate) fn local_defaults() -> SettingsArgs {
+    SettingsArgs {
+        output_uri: Some(LOCAL_OUTPUT_URI.into()),
+        wait_time_s: Some(1),
+        ..SettingsArgs::default()
+    }
+}
+
 pub(crate) async fn run(args: LocalArgs) -> anyhow::Result<ExitCode> {
     if !(args.progress_interval_s.is_finite() && args.progress_interval_s > 0.0) {
         anyhow::bail!(
@@ -66,14 +76,9 @@ pub(crate) async fn run(args: LocalArgs) -> anyhow::Result<ExitCode> {
             args.progress_interval_s
         );
     }
-    let local_defaults = SettingsArgs {
-        output_uri: Some(LOCAL_OUTPUT_URI.into()),
-        wait_time_s: Some(1),
-        ..SettingsArgs::default()
-    };
     let settings = args
         .settings
-        .over(local_defaults)
+        .over(local_defaults())
         .resolve(args.config.as_deref())?;
     let model = settings
         .model

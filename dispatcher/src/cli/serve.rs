@@ -85,14 +85,9 @@ fn model_names(served: Option<String>, model: &Path, aliases: Vec<String>) -> Ve
 
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Everything is checked before the listener binds or a worker starts.
-    let local_defaults = SettingsArgs {
-        output_uri: Some(super::local::LOCAL_OUTPUT_URI.into()),
-        wait_time_s: Some(1),
-        ..SettingsArgs::default()
-    };
     let settings = args
         .settings
-        .over(local_defaults)
+        .over(super::local::local_defaults())
         .resolve(args.config.as_deref())?;
     let model = settings
         .model
