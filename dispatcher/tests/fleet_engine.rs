@@ -33,6 +33,26 @@ fn worker_binary() -> PathBuf {
     path
 }
 
+/// `--engine fleet` with `workers` CPU workers taking `max_outstanding` requests each.
+fn cpu_fleet(runtime_dir: &Path, workers: usize, max_outstanding: usize) -> EngineArgs {
+    EngineArgs {
+        engine: EngineChoice::Fleet,
+        worker_engine: Some(engine::EngineKind::Cpu),
+        fleet_ready_timeout_s: 120,
+        fleet: worker_fleet::FleetOptions {
+            cpu_instances: Some(workers),
+            worker_binary: Some(worker_binary()),
+            runtime_dir: Some(runtime_dir.to_owned()),
+            max_outstanding_per_worker: max_outstanding,
+            request_timeout_s: 120,
+            health_timeout_ms: 5000,
+            startup_timeout_s: 60,
+            max_start_failures: 8,
+            ..Default::default()
+        },
+    }
+}
+
 /// Every file under `dir`, by relative path.
 fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, Vec<u8>>) {
@@ -201,22 +221,7 @@ fn local_diarization_through_the_fleet_equals_in_process() {
 #[test]
 fn the_fleet_joins_health_and_metrics() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let args = EngineArgs {
-        engine: EngineChoice::Fleet,
-        worker_engine: Some(engine::EngineKind::Cpu),
-        fleet_ready_timeout_s: 120,
-        fleet: worker_fleet::FleetOptions {
-            cpu_instances: Some(2),
-            worker_binary: Some(worker_binary()),
-            runtime_dir: Some(dir.path().to_owned()),
-            max_outstanding_per_worker: 8,
-            request_timeout_s: 60,
-            health_timeout_ms: 5000,
-            startup_timeout_s: 60,
-            max_start_failures: 8,
-            ..Default::default()
-        },
-    };
+    let args = cpu_fleet(dir.path(), 2, 8);
     let engine = dispatcher::fleet_engine::load(&args, &model(), Some("fixture".into()))
         .expect("fleet engine");
     let pcm: Vec<f32> = (0..16_000)
@@ -291,22 +296,7 @@ fn interactive_segments_overtake_waiting_batch_segments() {
     use std::time::{Duration, Instant};
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let args = EngineArgs {
-        engine: EngineChoice::Fleet,
-        worker_engine: Some(engine::EngineKind::Cpu),
-        fleet_ready_timeout_s: 120,
-        fleet: worker_fleet::FleetOptions {
-            cpu_instances: Some(1),
-            worker_binary: Some(worker_binary()),
-            runtime_dir: Some(dir.path().to_owned()),
-            max_outstanding_per_worker: 1,
-            request_timeout_s: 120,
-            health_timeout_ms: 5000,
-            startup_timeout_s: 60,
-            max_start_failures: 8,
-            ..Default::default()
-        },
-    };
+    let args = cpu_fleet(dir.path(), 1, 1);
     let engine = dispatcher::fleet_engine::load(&args, &model(), Some("fixture".into()))
         .expect("fleet engine");
     let transcriber = engine.transcriber;
