@@ -41,5 +41,5 @@ if [ -z "$gpus" ]; then
   exit 1
 fi
 
-exec dispatcher run --config "${DISPATCHER_CONFIG:-/etc/parakeet/dispatcher.toml}" \
-  --engine fleet --worker-engine cuda --gpus "$gpus" "$@"
+exec dispatcher run --config "${PARAKEET_CONFIG:-/etc/parakeet/dispatcher.toml}" \
+  --gpus "$gpus" "$@"

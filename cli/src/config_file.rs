@@ -98,9 +98,9 @@ fn set_default(
         None => cmd,
     };
     match route.split_first() {
-        Some((name, rest)) => cmd.mut_subcommand(name, |sub| {
-            set_default(sub, rest, key, values, found)
-        }),
+        Some((name, rest)) => {
+            cmd.mut_subcommand(name, |sub| set_default(sub, rest, key, values, found))
+        }
         None => cmd,
     }
 }
@@ -154,33 +154,44 @@ mod tests {
         let (_dir, path) = file(
             "wait_time_s = 7\ngpus = [0, 1]\nno_mps = true\nqueue = \"q\"\nverbose_name = \"v\"\n",
         );
-        let m = crate::matches_from(cmd(), args(&["t", "run", "--config", &path]))
-            .expect("parse");
+        let m = crate::matches_from(cmd(), args(&["t", "run", "--config", &path])).expect("parse");
         let (_, run) = m.subcommand().expect("run");
-        assert_eq!(run.get_one::<String>("wait_time_s").map(String::as_str), Some("7"));
+        assert_eq!(
+            run.get_one::<String>("wait_time_s").map(String::as_str),
+            Some("7")
+        );
         let gpus: Vec<&String> = run.get_many::<String>("gpus").expect("gpus").collect();
         assert_eq!(gpus, ["0", "1"]);
         assert!(run.get_flag("no_mps"));
-        assert_eq!(run.get_one::<String>("verbose_name").map(String::as_str), Some("v"));
+        assert_eq!(
+            run.get_one::<String>("verbose_name").map(String::as_str),
+            Some("v")
+        );
         let m = crate::matches_from(
             cmd(),
             args(&["t", "run", "--wait-time-s", "3", "--config", &path]),
         )
         .expect("parse");
         let (_, run) = m.subcommand().expect("run");
-        assert_eq!(run.get_one::<String>("wait_time_s").map(String::as_str), Some("3"));
+        assert_eq!(
+            run.get_one::<String>("wait_time_s").map(String::as_str),
+            Some("3")
+        );
     }
 
     #[test]
     fn unknown_keys_and_tables_are_refused() {
         let (_dir, path) = file("wait_time_secs = 7\n");
-        let error = crate::matches_from(cmd(), args(&["t", "run", "--config", &path]))
-            .expect_err("typo");
+        let error =
+            crate::matches_from(cmd(), args(&["t", "run", "--config", &path])).expect_err("typo");
         let text = error.to_string();
-        assert!(text.contains("wait_time_secs") && text.contains(&path), "{text}");
+        assert!(
+            text.contains("wait_time_secs") && text.contains(&path),
+            "{text}"
+        );
         let (_dir, path) = file("[wait_time_s]\nx = 1\n");
-        let error = crate::matches_from(cmd(), args(&["t", "run", "--config", &path]))
-            .expect_err("table");
+        let error =
+            crate::matches_from(cmd(), args(&["t", "run", "--config", &path])).expect_err("table");
         assert!(error.to_string().contains("a TOML table"), "{error}");
     }
 }

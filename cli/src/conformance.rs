@@ -225,11 +225,13 @@ mod tests {
     #[test]
     fn another_variable_or_unit_spelling_fails() {
         let bad = || {
-            crate::vocabulary::apply(Command::new("u").arg(
-                Arg::new("timeout_secs")
-                    .long("timeout-secs")
-                    .value_parser(clap::value_parser!(u64)),
-            ))
+            crate::vocabulary::apply(
+                Command::new("u").arg(
+                    Arg::new("timeout_secs")
+                        .long("timeout-secs")
+                        .value_parser(clap::value_parser!(u64)),
+                ),
+            )
             // What a hand-written `env = "TIMEOUT"` did before.
             .mut_arg("timeout_secs", |a| a.env("TIMEOUT"))
         };

@@ -7,8 +7,8 @@
 //! as Markdown (docs/settings/), [`conformance`] checks the three ways in for every setting,
 //! and [`report`] prints an error chain with each cause once.
 
-pub mod conformance;
 mod config_file;
+pub mod conformance;
 mod error;
 pub mod reference;
 pub mod report;
@@ -19,7 +19,7 @@ pub use vocabulary::{env_name, key_of, ENV_PREFIX};
 
 use std::ffi::OsString;
 
-use clap::{ArgMatches, Command, CommandFactory};
+use clap::{ArgMatches, Command, CommandFactory, FromArgMatches};
 
 /// `C`'s command with the shared vocabulary applied: a variable for every setting and the
 /// global `--config` flag.
@@ -30,7 +30,14 @@ pub fn command<C: CommandFactory>() -> Command {
 /// Parses the process's arguments into `C` (flags, variables, then the `--config` file); on a
 /// usage or config-file error prints it and exits with status 2, as clap does.
 pub fn parse<C: clap::Parser>() -> C {
-    match try_parse_from::<C>(std::env::args_os().collect()) {
+    parse_command(command::<C>())
+}
+
+/// [`parse`] with a command the binary adjusted after [`command`] (defaults it computes).
+pub fn parse_command<C: FromArgMatches>(cmd: Command) -> C {
+    let parsed = matches_from(cmd, std::env::args_os().collect())
+        .and_then(|m| C::from_arg_matches(&m).map_err(CliError::Usage));
+    match parsed {
         Ok(parsed) => parsed,
         Err(CliError::Usage(error)) => error.exit(),
         Err(error) => {

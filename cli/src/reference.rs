@@ -24,7 +24,8 @@ pub fn markdown(cmd: &Command) -> String {
 fn section(cmd: &Command, path: &str, out: &mut String) {
     let rows: Vec<String> = cmd
         .get_arguments()
-        .filter(|a| !a.is_hide_set() && !(a.is_global_set() && path.contains(' ')))
+        // Global flags are listed once, under the program.
+        .filter(|a| !(a.is_hide_set() || (a.is_global_set() && path.contains(' '))))
         .filter_map(row)
         .collect();
     if !rows.is_empty() {
@@ -70,6 +71,9 @@ fn row(arg: &Arg) -> Option<String> {
         .filter(|v| !v.is_hide_set())
         .map(|v| format!("`{}`", v.get_name()))
         .collect();
+    if !meaning.is_empty() && !meaning.ends_with(['.', '?', '!', ')']) {
+        meaning.push('.');
+    }
     if !values.is_empty() && !matches!(arg.get_action(), ArgAction::SetTrue) {
         meaning.push_str(&format!(" One of {}.", values.join(", ")));
     }

@@ -79,7 +79,11 @@ mod tests {
 
     #[test]
     fn distinct_causes_are_joined() {
-        let e = chain(&["starting the fleet", "worker 0 exited", "model file missing"]);
+        let e = chain(&[
+            "starting the fleet",
+            "worker 0 exited",
+            "model file missing",
+        ]);
         assert_eq!(
             one_line(&e),
             "starting the fleet: worker 0 exited: model file missing"

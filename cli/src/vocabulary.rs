@@ -54,9 +54,9 @@ fn with_variables(cmd: Command) -> Command {
         .get_subcommands()
         .map(|s| s.get_name().to_owned())
         .collect();
-    names.into_iter().fold(cmd, |cmd, name| {
-        cmd.mut_subcommand(name, with_variables)
-    })
+    names
+        .into_iter()
+        .fold(cmd, |cmd, name| cmd.mut_subcommand(name, with_variables))
 }
 
 #[cfg(test)]
@@ -77,7 +77,10 @@ mod tests {
                 .and_then(|a| a.get_env())
                 .map(|e| e.to_string_lossy().into_owned())
         };
-        assert_eq!(env("max_in_flight").as_deref(), Some("PARAKEET_MAX_IN_FLIGHT"));
+        assert_eq!(
+            env("max_in_flight").as_deref(),
+            Some("PARAKEET_MAX_IN_FLIGHT")
+        );
         assert_eq!(env("worker_args").as_deref(), Some("PARAKEET_WORKER_ARG"));
         assert_eq!(env("config").as_deref(), Some("PARAKEET_CONFIG"));
         assert_eq!(env("input"), None);

@@ -81,11 +81,11 @@ pub fn audio_settings(settings: &Settings) -> AudioSettings {
     AudioSettings {
         limits: audio::AudioLimits {
             max_input_bytes: settings.max_input_bytes,
-            max_duration_secs: settings.max_audio_duration_s,
+            max_duration_s: settings.max_audio_duration_s,
             ..audio::AudioLimits::default()
         },
         segmenter: audio::SegmenterConfig {
-            max_segment_secs: settings.max_segment_s,
+            max_segment_s: settings.max_segment_s,
             ..audio::SegmenterConfig::default()
         },
     }
@@ -280,7 +280,7 @@ mod tests {
 
     #[test]
     fn limits_follow_the_engine_and_the_cores() {
-        let defaults = SettingsArgs::default().resolve(None).expect("defaults");
+        let defaults = SettingsArgs::default().resolve().expect("defaults");
         let fleet = Sizing::resolve(&defaults, fleet_of(4), 16);
         assert_eq!(
             fleet,
@@ -310,7 +310,7 @@ mod tests {
             decode_threads: Some(1),
             ..SettingsArgs::default()
         }
-        .resolve(None)
+        .resolve()
         .expect("settings");
         assert_eq!(
             Sizing::resolve(&given, fleet_of(8), 64),

@@ -1,45 +1,47 @@
-//! Settings: defaults, overridden by a TOML file, overridden by environment variables and flags
-//! (clap: flag > env > file > default). Every field carries its unit in its name.
+//! Settings: built-in defaults, overridden by the `--config` TOML file, by `PARAKEET_`
+//! variables and by flags (the `cli` crate layers them; every field is all three under one
+//! name, and carries its unit in its name).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::{DispatchError, Result};
 
-/// Declares each setting once; generates the all-optional flag/file struct and the resolved one.
+/// Declares each setting once; generates the all-optional flag struct and the resolved one.
 macro_rules! settings {
     (
         defaults { $( $(#[doc = $ddoc:expr])* $dfield:ident : $dty:ty = $default:expr ; )* }
+        flags { $( $(#[doc = $fdoc:expr])* $ffield:ident ; )* }
         optional { $( $(#[doc = $odoc:expr])* $ofield:ident : $oty:ty ; )* }
     ) => {
-        /// Every setting as a flag and an environment variable (the field name in upper case),
-        /// and as a key of the TOML config file. Unset values fall through to the next layer.
-        #[derive(Debug, Clone, Default, clap::Args, serde::Deserialize)]
-        #[serde(deny_unknown_fields)]
+        /// Every setting as a flag (an unset one falls through to its default: see
+        /// [`SettingsArgs::defaults`] for what `--help` shows).
+        #[derive(Debug, Clone, Default, clap::Args)]
         pub struct SettingsArgs {
-            $( $(#[doc = $ddoc])* #[arg(long, env)] #[serde(default)] pub $dfield: Option<$dty>, )*
-            $( $(#[doc = $odoc])* #[arg(long, env)] #[serde(default)] pub $ofield: Option<$oty>, )*
+            $( $(#[doc = $ddoc])* #[arg(long)] pub $dfield: Option<$dty>, )*
+            $( $(#[doc = $fdoc])* #[arg(long)] pub $ffield: bool, )*
+            $( $(#[doc = $odoc])* #[arg(long)] pub $ofield: Option<$oty>, )*
         }
 
         /// Resolved settings.
         #[derive(Debug, Clone)]
         pub struct Settings {
             $( $(#[doc = $ddoc])* pub $dfield: $dty, )*
+            $( $(#[doc = $fdoc])* pub $ffield: bool, )*
             $( $(#[doc = $odoc])* pub $ofield: Option<$oty>, )*
         }
 
         impl SettingsArgs {
-            /// Values set in `self` win over `lower`.
-            pub fn over(self, lower: SettingsArgs) -> SettingsArgs {
-                SettingsArgs {
-                    $( $dfield: self.$dfield.or(lower.$dfield), )*
-                    $( $ofield: self.$ofield.or(lower.$ofield), )*
-                }
+            /// The built-in defaults by setting id, for the command line to show and apply
+            /// (a config file's key replaces one).
+            pub fn defaults() -> Vec<(&'static str, String)> {
+                vec![ $( (stringify!($dfield), { let value: $dty = $default; value.to_string() }), )* ]
             }
 
             fn fill_defaults(self) -> Settings {
                 Settings {
                     $( $dfield: self.$dfield.unwrap_or_else(|| $default), )*
+                    $( $ffield: self.$ffield, )*
                     $( $ofield: self.$ofield, )*
                 }
             }
@@ -74,10 +76,12 @@ settings! {
         max_receives: u32 = 5;
         /// Seconds between metric flushes to CloudWatch.
         metrics_flush_s: u64 = 10;
-        /// Use path-style S3 URLs (for S3-compatible stores such as MinIO or moto).
-        s3_force_path_style: bool = false;
         /// Seconds between polls of `instance_metadata_url` (AWS asks for every 5 s).
         instance_metadata_poll_s: u64 = 5;
+    }
+    flags {
+        /// Use path-style S3 URLs (for S3-compatible stores such as MinIO or moto).
+        s3_force_path_style;
     }
     optional {
         /// Concurrent long-polling receivers (default: one per 32 messages in flight, 2 to 8).
@@ -125,21 +129,12 @@ settings! {
 }
 
 impl SettingsArgs {
-    /// Flags/env over the TOML file (if any) over defaults, then checked.
-    pub fn resolve(self, config_file: Option<&Path>) -> Result<Settings> {
-        let file = match config_file {
-            Some(path) => load_file(path)?,
-            None => SettingsArgs::default(),
-        };
-        let settings = self.over(file).fill_defaults();
+    /// Unset settings take their defaults; then the whole is checked.
+    pub fn resolve(self) -> Result<Settings> {
+        let settings = self.fill_defaults();
         settings.validate()?;
         Ok(settings)
     }
-}
-
-pub fn load_file(path: &Path) -> Result<SettingsArgs> {
-    let text = std::fs::read_to_string(path).map_err(|e| DispatchError::io(path, e))?;
-    toml::from_str(&text).map_err(|e| DispatchError::Config(format!("{}: {e}", path.display())))
 }
 
 impl Settings {
@@ -201,53 +196,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn flags_beat_file_beat_defaults() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("d.toml");
-        std::fs::write(&path, "visibility_timeout_s = 60\nreceivers = 3\n").expect("write");
-        let flags = SettingsArgs {
-            receivers: Some(5),
-            ..Default::default()
-        };
-        let s = flags.resolve(Some(&path)).expect("resolve");
-        assert_eq!(
-            (s.receivers, s.visibility_timeout_s, s.wait_time_s),
-            (Some(5), 60, 20)
-        );
-    }
-
-    #[test]
-    fn the_example_config_parses() {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("dispatcher.example.toml");
-        let s = SettingsArgs::default()
-            .resolve(Some(&path))
-            .expect("example config");
-        assert_eq!(
-            s.cloudwatch_namespace.as_deref(),
-            Some("Transcription/Dispatcher")
-        );
-        assert_eq!(s.max_audio_duration_s, 14_400);
-    }
-
-    #[test]
-    fn unknown_keys_and_bad_values_are_rejected() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("d.toml");
-        std::fs::write(&path, "visibility_timeout_secs = 60\n").expect("write");
-        assert!(SettingsArgs::default().resolve(Some(&path)).is_err());
+    fn bad_values_are_rejected() {
         let flags = SettingsArgs {
             max_messages_per_receive: Some(11),
             ..Default::default()
         };
-        assert!(flags.resolve(None).is_err());
+        assert!(flags.resolve().is_err());
         let zero = SettingsArgs {
             decode_threads: Some(0),
             ..Default::default()
         };
-        let error = zero
-            .resolve(None)
-            .expect_err("0 decode threads")
-            .to_string();
+        let error = zero.resolve().expect_err("0 decode threads").to_string();
         assert!(error.contains("decode_threads"), "{error}");
+    }
+
+    #[test]
+    fn defaults_are_listed_for_the_command_line() {
+        let defaults = SettingsArgs::defaults();
+        let get = |id| {
+            defaults
+                .iter()
+                .find(|(k, _)| *k == id)
+                .map(|(_, v)| v.as_str())
+        };
+        assert_eq!(get("visibility_timeout_s"), Some("300"));
+        assert_eq!(get("max_segment_s"), Some("30"));
+        assert_eq!(defaults.len(), 13);
     }
 }

@@ -40,8 +40,8 @@ pub fn decode_segments(
         .map(|s| s.start_sample..s.end_sample())
         .collect();
     Ok(Decoded {
-        duration_s: decoded.duration_secs,
-        resample_s: decoded.resample_secs,
+        duration_s: decoded.duration_s,
+        resample_s: decoded.resample_s,
         segments,
         pcm: Arc::new(decoded.pcm_16k),
     })

@@ -1,4 +1,4 @@
-//! `--engine fleet`: transcription through supervised `worker` processes (per-GPU groups under
+//! A fleet (`--gpus` or `--cpu-instances`): transcription through supervised `worker` processes (per-GPU groups under
 //! CUDA MPS, or CPU workers) instead of the in-process model. The fleet's worker states join
 //! `/health` and its metrics join `/metrics`. With a diarization model, the fleet also runs a
 //! Sortformer pool in every group and [`FleetDiarizer`] sends recordings there.
@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine::{EngineKind, EngineSettings};
+use engine::{EncoderPrecision, EngineKind, EngineSettings};
 use model_core::speakers::SpeakerSegment;
 use model_core::transcript::Transcript;
 use worker_fleet::{Fleet, FleetError, FleetOptions, FleetTranscriber, WireErrorKind};
@@ -19,39 +19,79 @@ use crate::metrics::MetricsSource;
 use crate::model_id::given_or_hashed;
 use crate::transcriber::{Capacity, Priority, Transcriber};
 
+/// The CUDA engine's encoder storage.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum EngineChoice {
-    /// The CPU model inside this process.
+pub enum CudaPrecision {
+    /// bf16 weights and activations, fp32 accumulation (fast).
     #[default]
-    InProcess,
-    /// `worker` processes run by a supervisor inside this process (the `--gpus`,
-    /// `--cpu-instances`, ... options).
-    Fleet,
+    Bf16,
+    /// f32 throughout: NeMo's fp32 results, about twice the weight memory.
+    F32,
 }
 
-/// Which engine transcribes, and the fleet's shape when it is `fleet`.
+impl CudaPrecision {
+    pub fn encoder(self) -> EncoderPrecision {
+        match self {
+            Self::Bf16 => EncoderPrecision::Bf16,
+            Self::F32 => EncoderPrecision::F32,
+        }
+    }
+
+    fn flag_value(self) -> &'static str {
+        match self {
+            Self::Bf16 => "bf16",
+            Self::F32 => "f32",
+        }
+    }
+}
+
+/// Which engine transcribes, and where: in this process, or in a fleet of `worker` processes
+/// when `--gpus` or `--cpu-instances` gives it a shape.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct EngineArgs {
-    #[arg(long, env = "DISPATCHER_ENGINE", value_enum, default_value_t)]
-    pub engine: EngineChoice,
-    /// `--engine fleet`: the engine of every worker (`cpu`, `onnx`, `cuda`). Default: `cuda`
-    /// with `--gpus`, `cpu` with `--cpu-instances`.
-    #[arg(long, env = "FLEET_WORKER_ENGINE", value_enum)]
-    pub worker_engine: Option<EngineKind>,
-    /// `--engine fleet`: how long to wait for the first worker to be ready.
-    #[arg(long, env = "FLEET_READY_TIMEOUT_S", default_value_t = 600)]
+    /// The engine: `cpu` (the f32 reference model), `onnx` (ONNX Runtime; needs
+    /// `ORT_DYLIB_PATH`) or `cuda` (the native GPU engine; without a usable GPU this is an
+    /// error, never a CPU fallback). Default: `cuda` with `--gpus`, else `cpu`.
+    #[arg(long, value_enum)]
+    pub engine: Option<EngineKind>,
+    /// The GPU of an in-process `--engine cuda` (ordinal after `CUDA_VISIBLE_DEVICES`); a
+    /// fleet's workers take theirs from `--gpus`.
+    #[arg(long, default_value_t = 0)]
+    pub cuda_device: usize,
+    /// The CUDA engine's encoder storage, in process or in every fleet worker.
+    #[arg(long, value_enum, default_value_t)]
+    pub cuda_encoder_precision: CudaPrecision,
+    /// A fleet: how long to wait for the first worker to be ready.
+    #[arg(long, default_value_t = 600)]
     pub fleet_ready_timeout_s: u64,
     #[command(flatten)]
     pub fleet: FleetOptions,
 }
 
 impl EngineArgs {
-    /// The workers' engine: as given, else the GPU engine on GPUs and the CPU one without.
-    pub fn worker_engine(&self) -> EngineKind {
-        match self.worker_engine {
+    /// The engine: as given, else the GPU engine on GPUs and the CPU one without.
+    pub fn engine(&self) -> EngineKind {
+        match self.engine {
             Some(engine) => engine,
             None if self.fleet.gpus.is_empty() => EngineKind::Cpu,
             None => EngineKind::Cuda,
+        }
+    }
+
+    /// Whether workers run the engine (`--gpus` or `--cpu-instances` given).
+    pub fn is_fleet(&self) -> bool {
+        !self.fleet.gpus.is_empty() || self.fleet.cpu_instances.is_some()
+    }
+
+    /// The in-process engine's settings.
+    pub fn engine_settings(&self, segments_per_call: usize) -> EngineSettings {
+        match self.engine() {
+            EngineKind::Cpu | EngineKind::Onnx => EngineSettings::cpu(),
+            EngineKind::Cuda => EngineSettings::gpu(
+                self.cuda_device,
+                self.cuda_encoder_precision.encoder(),
+                segments_per_call,
+            ),
         }
     }
 }
@@ -64,30 +104,38 @@ pub struct LoadedEngine {
     pub diarizer: Option<Arc<dyn Diarizer>>,
 }
 
-/// The engine and diarizer for `settings`: with `--engine fleet` and a diarization model
+/// The engine and diarizer for `settings`: with a fleet and a diarization model
 /// (`diar_model`), the fleet's diarization workers (unless `--diar-workers-per-gpu 0`);
 /// otherwise the in-process Sortformer. Either way the diarizer's model id is the same (the
 /// file name plus hash, or `diar_model_id`), so result keys do not depend on where it runs.
 pub fn load_for(args: &EngineArgs, settings: &Settings, model: &Path) -> Result<LoadedEngine> {
     let model_id = settings.model_id.clone();
     let diar = settings.diar_model.as_deref();
-    if args.engine == EngineChoice::Fleet && diar.is_some() && args.fleet.diar_workers_per_gpu > 0 {
+    if args.is_fleet() && diar.is_some() && args.fleet.diar_workers_per_gpu > 0 {
         return load_fleet(args, model, model_id, diar, settings.diar_model_id.clone());
     }
-    let mut engine = load(args, model, model_id)?;
+    let segments_per_call = settings
+        .segments_per_call
+        .unwrap_or(Capacity::ONE_CALL_AT_A_TIME.segments_per_call);
+    let mut engine = load(args, model, model_id, segments_per_call)?;
     engine.diarizer = crate::app::load_diarizer(settings)?;
     Ok(engine)
 }
 
 /// Loads the chosen engine. Result keys use the same model id either way (file name plus
 /// hash), so a fleet and the in-process engine produce the same keys for the same model.
-pub fn load(args: &EngineArgs, model: &Path, model_id: Option<String>) -> Result<LoadedEngine> {
-    if args.engine == EngineChoice::InProcess {
+pub fn load(
+    args: &EngineArgs,
+    model: &Path,
+    model_id: Option<String>,
+    segments_per_call: usize,
+) -> Result<LoadedEngine> {
+    if !args.is_fleet() {
         return Ok(LoadedEngine {
             transcriber: crate::in_process::load_transcriber(
-                EngineKind::Cpu,
+                args.engine(),
                 model,
-                &EngineSettings::cpu(),
+                &args.engine_settings(segments_per_call),
                 model_id,
             )?,
             metrics_source: None,
@@ -110,10 +158,15 @@ fn load_fleet(
         Some(path) => Some(given_or_hashed(diar_model_id, path)?),
         None => None,
     };
-    let worker_engine = args.worker_engine();
-    let config = args
-        .fleet
-        .to_config_with_diarization(worker_engine, model, diar_model)
+    let mut fleet = args.fleet.clone();
+    if args.engine() == EngineKind::Cuda {
+        fleet.worker_args.push(format!(
+            "--cuda-encoder-precision={}",
+            args.cuda_encoder_precision.flag_value()
+        ));
+    }
+    let config = fleet
+        .to_config_with_diarization(args.engine(), model, diar_model)
         .map_err(|e| DispatchError::Config(e.to_string()))?;
     let layout: Vec<String> = config
         .groups

@@ -110,14 +110,10 @@ fn stub_report(out: &Output) -> (u32, Vec<String>) {
     (pid, lines.map(str::to_owned).collect())
 }
 
-const RUN: [&str; 9] = [
+const RUN: [&str; 5] = [
     "run",
     "--config",
     "/etc/parakeet/dispatcher.toml",
-    "--engine",
-    "fleet",
-    "--worker-engine",
-    "cuda",
     "--gpus",
     "GPUS",
 ];
@@ -157,7 +153,7 @@ fn entrypoint_execs_the_dispatcher_with_every_gpu() {
     let env = [("PARAKEET_GPUS", "1"), ("NVIDIA_VISIBLE_DEVICES", "0,1")];
     let (_, out) = entrypoint(bin, &env, &[]);
     assert_eq!(stub_report(&out).1, run_args("1", &[]));
-    let env = [("DISPATCHER_CONFIG", "/c.toml"), ("PARAKEET_GPUS", "0")];
+    let env = [("PARAKEET_CONFIG", "/c.toml"), ("PARAKEET_GPUS", "0")];
     let (_, out) = entrypoint(bin, &env, &[]);
     assert_eq!(stub_report(&out).1[2], "/c.toml");
 
@@ -195,10 +191,10 @@ fn the_real_dispatcher_accepts_the_entrypoint_command_and_the_image_config() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("backfill"));
 
     // Every flag parses and the config loads (it denies unknown keys); the first thing missing
-    // is the queue, which the image leaves to QUEUE_URL. No worker is started.
+    // is the queue, which the image leaves to PARAKEET_QUEUE_URL. No worker is started.
     let env = [
         ("NVIDIA_VISIBLE_DEVICES", "0,1"),
-        ("DISPATCHER_CONFIG", config),
+        ("PARAKEET_CONFIG", config),
     ];
     let (_, out) = entrypoint(dir.path(), &env, &["--exit-when-idle"]);
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -21,7 +21,7 @@ fn transcribe(args: &[&str], file: &Path) -> Result<Output> {
         .args(args)
         .arg(file)
         .env("RUST_LOG", "warn")
-        .env_remove("DIAR_MODEL")
+        .env_remove("PARAKEET_DIAR_MODEL")
         .output()
         .context("running dispatcher")
 }
@@ -243,7 +243,7 @@ fn local_mode_diarizes_the_input_dir() -> Result<()> {
         .arg("--diarize")
         .arg("--model")
         .arg(fixtures().join("tdt-real-options/model.nemo"))
-        .env_remove("DIAR_MODEL")
+        .env_remove("PARAKEET_DIAR_MODEL")
         .output()?;
     ensure!(!out.status.success());
     ensure!(String::from_utf8_lossy(&out.stderr).contains("--diar-model"));

@@ -1,4 +1,4 @@
-//! `--engine fleet`: the dispatcher's local mode through a 2-worker CPU fleet writes the same
+//! A CPU fleet (`--cpu-instances`): the dispatcher's local mode through a 2-worker CPU fleet writes the same
 //! transcripts as the in-process engine (with diarization: through the fleet's diarization
 //! workers, the same as the in-process Sortformer), and the fleet joins `/health` and
 //! `/metrics`.
@@ -9,7 +9,7 @@ use std::process::Command;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use dispatcher::fleet_engine::{EngineArgs, EngineChoice};
+use dispatcher::fleet_engine::EngineArgs;
 use tokio_util::sync::CancellationToken;
 
 fn fixtures() -> PathBuf {
@@ -33,11 +33,9 @@ fn worker_binary() -> PathBuf {
     path
 }
 
-/// `--engine fleet` with `workers` CPU workers taking `max_outstanding` requests each.
+/// `--cpu-instances workers`: CPU workers taking `max_outstanding` requests each.
 fn cpu_fleet(runtime_dir: &Path, workers: usize, max_outstanding: usize) -> EngineArgs {
     EngineArgs {
-        engine: EngineChoice::Fleet,
-        worker_engine: Some(engine::EngineKind::Cpu),
         fleet_ready_timeout_s: 120,
         fleet: worker_fleet::FleetOptions {
             cpu_instances: Some(workers),
@@ -50,6 +48,7 @@ fn cpu_fleet(runtime_dir: &Path, workers: usize, max_outstanding: usize) -> Engi
             max_start_failures: 8,
             ..Default::default()
         },
+        ..Default::default()
     }
 }
 
@@ -112,8 +111,6 @@ fn local_mode_through_a_cpu_fleet_writes_the_in_process_transcripts() {
         &dir.path().join("b"),
         &inputs,
         &[
-            "--engine",
-            "fleet",
             "--cpu-instances",
             "2",
             "--worker-binary",
@@ -146,7 +143,7 @@ fn local_mode_through_a_cpu_fleet_writes_the_in_process_transcripts() {
     assert_eq!(transcripts, clips * 5, "five formats per clip");
 }
 
-/// `local --diarize --engine fleet` with a diarization pool: the recordings are diarized by
+/// `local --diarize --cpu-instances 2` with a diarization pool: the recordings are diarized by
 /// the fleet's Sortformer workers (the dispatcher never loads the model) and every output,
 /// RTTM and speaker-labelled formats included, is byte-identical to in-process diarization.
 #[test]
@@ -174,8 +171,6 @@ fn local_diarization_through_the_fleet_equals_in_process() {
     let runtime = dir.path().join("fleet-run");
     let mut fleet_args = diarize.to_vec();
     fleet_args.extend([
-        "--engine",
-        "fleet",
         "--cpu-instances",
         "1",
         "--diar-workers-per-gpu",
@@ -222,7 +217,7 @@ fn local_diarization_through_the_fleet_equals_in_process() {
 fn the_fleet_joins_health_and_metrics() {
     let dir = tempfile::tempdir().expect("tempdir");
     let args = cpu_fleet(dir.path(), 2, 8);
-    let engine = dispatcher::fleet_engine::load(&args, &model(), Some("fixture".into()))
+    let engine = dispatcher::fleet_engine::load(&args, &model(), Some("fixture".into()), 8)
         .expect("fleet engine");
     let pcm: Vec<f32> = (0..16_000)
         .map(|i| 0.1 * (i as f32 * 300.0 * std::f32::consts::TAU / 16_000.0).sin())
@@ -297,7 +292,7 @@ fn interactive_segments_overtake_waiting_batch_segments() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let args = cpu_fleet(dir.path(), 1, 1);
-    let engine = dispatcher::fleet_engine::load(&args, &model(), Some("fixture".into()))
+    let engine = dispatcher::fleet_engine::load(&args, &model(), Some("fixture".into()), 8)
         .expect("fleet engine");
     let transcriber = engine.transcriber;
     let pcm: Vec<f32> = (0..16_000 * 20)

@@ -455,8 +455,6 @@ fn no_ready_worker_means_503_with_retry_after() -> Result<()> {
         &[
             "--model",
             model().to_str().context("utf-8 path")?,
-            "--engine",
-            "fleet",
             "--cpu-instances",
             "1",
             "--worker-binary",

@@ -70,7 +70,7 @@ fn a_bad_tenants_file_is_a_settings_error() {
         tenants_file: Some(file),
         ..Default::default()
     }
-    .resolve(None)
+    .resolve()
     .expect_err("no outputs");
     assert!(error.to_string().contains("tenants.toml"), "{error}");
 }

@@ -297,7 +297,8 @@ fn log_lines_are_json_when_asked_and_plain_text_otherwise() -> Result<()> {
 }
 
 /// A model path of the wrong kind fails before anything runs, naming what it is and what to
-/// give instead (not the first config key or tar header that does not fit), exit status 1.
+/// give instead (not the first config key or tar header that does not fit), in one `error:`
+/// line that says the cause once, exit status 1.
 #[test]
 fn a_model_of_the_wrong_kind_is_named_with_the_fix() -> Result<()> {
     let f = fixtures();
@@ -347,6 +348,19 @@ fn a_model_of_the_wrong_kind_is_named_with_the_fix() -> Result<()> {
         for want in wanted {
             ensure!(stderr.contains(want), "{args:?}: no `{want}` in\n{stderr}");
         }
+        let errors: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("error: "))
+            .collect();
+        ensure!(
+            errors.len() == 1,
+            "{args:?}: one error line wanted:\n{stderr}"
+        );
+        ensure!(
+            stderr.matches(wanted[0]).count() == 1,
+            "{args:?}: the cause `{}` more than once:\n{stderr}",
+            wanted[0]
+        );
         ensure!(
             !stderr.contains("vocab_size") && !stderr.contains("bad archive"),
             "{args:?}: a symptom instead of the cause:\n{stderr}"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The main job end to end on the GPU machine: recordings in, transcripts out, with
-# `dispatcher local --engine fleet`, beside the offline engine benchmark on the same audio (the
+# `dispatcher local --gpus 0`, beside the offline engine benchmark on the same audio (the
 # ceiling), in one call. From the repository root, with
 #   .bench-corpus/   from scripts/bench/make_pipeline_corpus.sh (made on the developer machine)
 #   .device-pipeline/bins.tar.xz: dispatcher, worker, offline_bench, sla_sweep, libopus, libsoxr
@@ -16,7 +16,7 @@
 #            hours of 5-60 s recordings, plus LONG_COPIES (default 4) copies of each long one
 #   offline  the offline engine benchmark (offline_bench, batch 16, length-sorted) on the
 #            16 kHz versions of the same clips: the ceiling
-#   default  `dispatcher local --engine fleet --gpus 0` and nothing else (the defaults)
+#   default  `dispatcher local --gpus 0` and nothing else (the defaults)
 #   before   the settings the main job had before sizing (4 workers, 4 jobs in flight, one in
 #            inference, 8 segments per call, spinning GPU waits), for comparison
 #   single   --instances-per-gpu 1 (one worker, MPS at 100 %)
@@ -120,7 +120,7 @@ run() {
     > "$OUT/gpu-$name.csv" 2>/dev/null &
   local smi=$!
   python3 - "$OUT" "$name" "$BIN/dispatcher" local --spool /tmp/spool --store /tmp/store \
-    --input-dir "$input" --model "$MODEL" --engine fleet --gpus 0 \
+    --input-dir "$input" --model "$MODEL" --gpus 0 \
     --runtime-dir "/tmp/fleet-$name" --progress-interval-s 5 "$@" <<'PY'
 import json, os, re, resource, subprocess, sys, time
 out, name, cmd = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -238,7 +238,7 @@ api_sweep() {
   CLIPS=$(ls "$SEED"/ref16k/*.wav | paste -sd,)
   rm -rf /tmp/api-spool /tmp/api-store
   # shellcheck disable=SC2086 # API_SERVE_ARGS is a list of flags
-  "$BIN/dispatcher" serve --listen 127.0.0.1:8000 --model "$MODEL" --engine fleet --gpus 0 \
+  "$BIN/dispatcher" serve --listen 127.0.0.1:8000 --model "$MODEL" --gpus 0 \
     --worker-binary "$BIN/worker" ${API_SERVE_ARGS:---instances-per-gpu 4} "$@" \
     > "$OUT/$name-serve.log" 2>&1 &
   serve_pid=$!

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU faults under MPS while the main job runs (issue 30): `dispatcher local --engine fleet`
+# GPU faults under MPS while the main job runs (issue 30): `dispatcher local --gpus`
 # with 4 CUDA workers per GPU under MPS, started with `--worker-arg=--fault-injection`; mid-run
 # one transcription worker of GPU 0 gets SIGUSR1 (an illegal-address fault on its context),
 # later another gets SIGUSR2 (it takes all free device memory). Expected: GPU 0's group
@@ -32,7 +32,7 @@ workers_of() {
 
 rm -rf /tmp/fault-spool /tmp/fault-store /tmp/fault-fleet
 "$BIN/dispatcher" local --spool /tmp/fault-spool --store /tmp/fault-store --input-dir "$CORPUS" \
-  --model "$MODEL" --engine fleet --gpus "$GPUS" --instances-per-gpu 4 \
+  --model "$MODEL" --gpus "$GPUS" --instances-per-gpu 4 \
   --runtime-dir /tmp/fault-fleet --progress-interval-s 5 --worker-arg=--fault-injection \
   > "$OUT/dispatcher.log" 2>&1 &
 dispatcher=$!

@@ -22,7 +22,7 @@ use engine::{EngineKind, EngineSettings, OnnxSettings};
 )]
 pub struct Cli {
     /// Log lines on stderr: `text`, or `json` (one object per line, for log shippers).
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t, global = true)]
+    #[arg(long, value_enum, default_value_t, global = true)]
     pub log_format: telemetry::logs::LogFormat,
     #[command(subcommand)]
     pub command: Command,
@@ -40,7 +40,7 @@ pub enum Command {
 #[derive(Debug, Clone, Args)]
 pub struct ProbeArgs {
     /// CUDA device ordinal (after `CUDA_VISIBLE_DEVICES`).
-    #[arg(long, env = "WORKER_CUDA_DEVICE", default_value_t = 0)]
+    #[arg(long, default_value_t = 0)]
     pub cuda_device: usize,
     /// Exit non-zero unless the CUDA probe succeeds (for wedge checks and scripts).
     #[arg(long)]
@@ -50,107 +50,84 @@ pub struct ProbeArgs {
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// Unix socket to serve. It is created only after warm-up, so its existence means ready.
-    #[arg(long, env = "WORKER_SOCKET")]
+    #[arg(long)]
     pub socket: PathBuf,
     /// What this worker serves: Parakeet transcription, or Sortformer diarization (`--model`
     /// a Sortformer `.nemo`, `--engine cpu|cuda`; one recording at a time). Stated in the
     /// handshake; requests of the other task are refused with `BadRequest`.
-    #[arg(long, env = "WORKER_TASK", value_enum, default_value = "transcribe")]
+    #[arg(long, value_enum, default_value = "transcribe")]
     pub task: TaskArg,
     /// The `.nemo` checkpoint (cpu engine) or the ONNX export directory (onnx engine).
-    #[arg(long, env = "WORKER_MODEL")]
+    #[arg(long)]
     pub model: PathBuf,
     /// Engine. A requested engine that is unavailable is a startup error, never a fallback.
-    #[arg(long, env = "WORKER_ENGINE", value_enum, default_value = "cpu")]
+    #[arg(long, value_enum, default_value = "cpu")]
     pub engine: EngineKind,
     /// ONNX Runtime execution provider for `--engine onnx` (needs `ORT_DYLIB_PATH`). A GPU
     /// provider that cannot be registered is a startup error.
-    #[arg(long, env = "WORKER_ONNX_PROVIDER", value_enum, default_value = "cpu")]
+    #[arg(long, value_enum, default_value = "cpu")]
     pub onnx_provider: OnnxProvider,
-    /// GPU ordinal for the ONNX CUDA/TensorRT providers.
-    #[arg(long, env = "WORKER_DEVICE_ID", default_value_t = 0)]
-    pub device_id: i32,
-    /// GPU ordinal of the CUDA engine (after `CUDA_VISIBLE_DEVICES`).
-    #[arg(long, env = "WORKER_CUDA_DEVICE", default_value_t = 0)]
+    /// GPU ordinal (after `CUDA_VISIBLE_DEVICES`) of the CUDA engine, and of the ONNX
+    /// CUDA/TensorRT providers.
+    #[arg(long, default_value_t = 0)]
     pub cuda_device: usize,
     /// Longest segment (seconds) the CUDA engine's decoder graph is captured for at warm-up,
     /// with the largest preferred batch size; longer segments decode eagerly (same results).
-    #[arg(long, env = "WORKER_CUDA_GRAPH_MAX_SECONDS", default_value_t = CudaSettings::DEFAULT_GRAPH_MAX_SECONDS)]
-    pub cuda_graph_max_seconds: f64,
+    #[arg(long, default_value_t = CudaSettings::DEFAULT_GRAPH_MAX_S)]
+    pub cuda_graph_max_s: f64,
     /// Where the CUDA engine computes log-mel features: `device` (the GPU path; the host only
     /// uploads PCM) or `host` (the reference code, one clip at a time on the worker's CPU).
-    #[arg(
-        long,
-        env = "WORKER_CUDA_FEATURES",
-        value_enum,
-        default_value = "device"
-    )]
+    #[arg(long, value_enum, default_value = "device")]
     pub cuda_features: CudaFeaturesArg,
     /// How the CUDA engine waits for its GPU: `block` (the thread sleeps until the GPU is done,
     /// leaving the host's cores to audio decoding) or `spin` (polls on a core: microseconds
     /// sooner per batch, one core busy per worker while its GPU works).
-    #[arg(long, env = "WORKER_CUDA_SYNC", value_enum, default_value = "block")]
+    #[arg(long, value_enum, default_value = "block")]
     pub cuda_sync: CudaSyncArg,
     /// The CUDA engine's encoder storage: `bf16` (fast) or `f32` (NeMo's fp32 results, about
     /// twice the weight memory).
-    #[arg(
-        long,
-        env = "WORKER_CUDA_ENCODER_PRECISION",
-        value_enum,
-        default_value = "bf16"
-    )]
+    #[arg(long, value_enum, default_value = "bf16")]
     pub cuda_encoder_precision: CudaPrecisionArg,
     /// The CUDA diarization engine's storage (`--task diarize`): `f32` (the CPU engine's and
     /// NeMo's probabilities to ~1e-6, identical segments; 16 ms per 15 s chunk alone on an H200)
     /// or `bf16` (12 ms, probabilities ~2e-2 off, so a few frames near 0.5 flip).
-    #[arg(
-        long,
-        env = "WORKER_CUDA_DIAR_PRECISION",
-        value_enum,
-        default_value = "f32"
-    )]
+    #[arg(long, value_enum, default_value = "f32")]
     pub cuda_diar_precision: CudaPrecisionArg,
     /// Caps each of the CUDA encoder's two subsampling scratch buffers (MiB); larger batches
     /// are subsampled in groups of utterances, saving GPU memory. 0: no cap. Default: groups of
     /// 5 × 30 s in bf16 (12.3 MB each); 192 runs a whole 16 × 30 s bf16 batch at once.
     #[arg(
         long,
-        env = "WORKER_CUDA_SUBSAMPLING_SCRATCH_MIB",
         default_value_t = CudaSettings::DEFAULT_SUBSAMPLING_SCRATCH_MIB
     )]
     pub cuda_subsampling_scratch_mib: usize,
     /// A directory where the CUDA workers of a GPU share one copy of the encoder weights (each
     /// compares the shared copy with its own load before using it). Unset: private weights.
     /// The fleet sets it for its workers.
-    #[arg(long, env = "WORKER_CUDA_WEIGHTS_SHARE_DIR")]
+    #[arg(long)]
     pub cuda_weights_share_dir: Option<PathBuf>,
     /// Batch sizes the batcher fills to (it runs the largest one reached at once).
-    #[arg(
-        long,
-        env = "WORKER_PREFERRED_BATCH_SIZES",
-        value_delimiter = ',',
-        default_value = "4,8,16"
-    )]
+    #[arg(long, value_delimiter = ',', default_value = "4,8,16")]
     pub preferred_batch_sizes: Vec<usize>,
     /// Longest a request waits for companions before its batch runs anyway. 0 (the default):
     /// whenever the engine is free, what has queued runs at once; batches form from the
     /// requests that arrive while the previous batch runs, so a lone request never waits.
-    #[arg(long, env = "WORKER_MAX_BATCH_WAIT_MS", default_value_t = 0)]
+    #[arg(long, default_value_t = 0)]
     pub max_batch_wait_ms: u64,
     /// Budget of one batch in padded feature frames (longest member × members; 100 frames =
     /// 1 s). Default: 16 segments of 30 s. A single longer segment still runs, alone.
-    #[arg(long, env = "WORKER_MAX_BATCH_PADDED_FRAMES", default_value_t = 48_000)]
+    #[arg(long, default_value_t = 48_000)]
     pub max_batch_padded_frames: usize,
     /// Requests allowed to wait; beyond this the worker answers `Overloaded`.
-    #[arg(long, env = "WORKER_MAX_QUEUE", default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024)]
     pub max_queue: usize,
     /// Health reports `Wedged` once one batch has run this long.
-    #[arg(long, env = "WORKER_WEDGE_AFTER_MS", default_value_t = 120_000)]
+    #[arg(long, default_value_t = 120_000)]
     pub wedge_after_ms: u64,
     /// Fault drills only: SIGUSR1 causes an illegal-address fault and SIGUSR2 takes all free
     /// device memory, before the next batch (the fleet's `--worker-arg=--fault-injection`).
     /// Off, those signals end the process as usual.
-    #[arg(long, env = "WORKER_FAULT_INJECTION")]
+    #[arg(long)]
     pub fault_injection: bool,
 }
 
@@ -201,7 +178,7 @@ impl ServeArgs {
         EngineSettings {
             onnx: OnnxSettings {
                 provider: self.onnx_provider,
-                device_id: self.device_id,
+                device_id: self.cuda_device as i32,
             },
             cuda: CudaSettings {
                 device: self.cuda_device,
@@ -211,7 +188,7 @@ impl ServeArgs {
                     .copied()
                     .max()
                     .unwrap_or(1),
-                graph_max_seconds: self.cuda_graph_max_seconds,
+                graph_max_s: self.cuda_graph_max_s,
                 features: match self.cuda_features {
                     CudaFeaturesArg::Host => FeatureLocation::Host,
                     CudaFeaturesArg::Device => FeatureLocation::Device,
@@ -287,5 +264,22 @@ mod tests {
             Some(PathBuf::from("/run/f/weights"))
         );
         Ok(())
+    }
+
+    #[test]
+    fn every_setting_is_a_flag_a_variable_and_a_key() {
+        assert_eq!(
+            cli::conformance::violations(cli::command::<Cli>),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn the_settings_reference_is_current() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/settings/worker.md");
+        if let Err(e) = cli::reference::check_file(&cli::command::<Cli>(), &path) {
+            panic!("{e}");
+        }
     }
 }

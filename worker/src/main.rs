@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use clap::Parser;
 use tokio::net::UnixListener;
 use worker::batch_policy::BatchQueue;
 use worker::batcher::{Batcher, QueueStats};
@@ -15,12 +14,16 @@ use worker::server::{accept_loop, ServerContext};
 use worker::{engine_thread, WorkerError};
 use worker_protocol::{Task, WorkerInfo};
 
-fn main() -> Result<()> {
-    let cli = Cli::parse();
+fn main() -> std::process::ExitCode {
+    let cli = cli::parse::<Cli>();
     telemetry::logs::init(cli.log_format, "info", &[]);
-    match cli.command {
+    let result = match cli.command {
         Command::Serve(args) => serve(args),
         Command::Probe(args) => probe(&args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => cli::report::exit_failure(error.as_ref()),
     }
 }
 

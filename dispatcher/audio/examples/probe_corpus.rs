@@ -21,7 +21,7 @@ fn main() -> anyhow::Result<()> {
                 a.source_sample_rate_hz,
                 a.source_channels,
                 a.pcm_16k.len(),
-                a.duration_secs,
+                a.duration_s,
                 a.peak_abs
             ),
             Err(e) => println!("{name:28} ERR {:24} {e}  [{ms} ms]", e.reason_code()),

@@ -10,9 +10,9 @@ fn main() -> anyhow::Result<()> {
         let a = audio::decode(&bytes, None, &audio::AudioLimits::default())?;
         println!(
             "{path}: {:.2} s of audio in {:?} (downmix and resampling {:.1} ms)",
-            a.duration_secs,
+            a.duration_s,
             started.elapsed(),
-            a.resample_secs * 1000.0
+            a.resample_s * 1000.0
         );
     }
     Ok(())

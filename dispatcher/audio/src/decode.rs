@@ -32,12 +32,12 @@ pub struct DecodedAudio {
     pub source_sample_rate_hz: u32,
     pub source_channels: usize,
     /// `pcm_16k.len() / 16000`.
-    pub duration_secs: f64,
+    pub duration_s: f64,
     /// Largest absolute sample: 0.0 means digital silence (which decodes fine, to empty text).
     pub peak_abs: f32,
     /// Seconds of this decode spent downmixing and resampling (the rest is demuxing and the
     /// codec): where the host's time goes, for the pipeline's stage metrics.
-    pub resample_secs: f64,
+    pub resample_s: f64,
 }
 
 /// Output growth step: at least one minute of 16 kHz audio, so capacity stays within about
@@ -149,9 +149,9 @@ fn decode_source(
     // Bounded twice over: the wall-clock check and the frame budget below. Demuxers consume
     // bytes on every call, so the byte length bounds the iterations as well.
     loop {
-        if started.elapsed().as_secs() >= limits.decode_timeout_secs {
+        if started.elapsed().as_secs() >= limits.decode_timeout_s {
             return Err(AudioError::DecodeTimeout {
-                timeout_secs: limits.decode_timeout_secs,
+                timeout_s: limits.decode_timeout_s,
             });
         }
         let mut packet = match packets.next_packet() {
@@ -416,8 +416,8 @@ fn check_declared(
             // (a real file that long would be refused anyway).
             if frames > limits.max_source_frames(rate) {
                 return Err(AudioError::TooLong {
-                    duration_secs: frames as f64 / f64::from(rate),
-                    max_duration_secs: limits.max_duration_secs,
+                    duration_s: frames as f64 / f64::from(rate),
+                    max_duration_s: limits.max_duration_s,
                 });
             }
         }
@@ -550,8 +550,8 @@ impl<'l> DecodeState<'l> {
         // The running budget: holds however the header lied about the length.
         if self.source_frames > self.limits.max_source_frames(*rate) {
             return Err(AudioError::TooLong {
-                duration_secs: self.source_frames as f64 / f64::from(*rate),
-                max_duration_secs: self.limits.max_duration_secs,
+                duration_s: self.source_frames as f64 / f64::from(*rate),
+                max_duration_s: self.limits.max_duration_s,
             });
         }
         let started = std::time::Instant::now();
@@ -627,12 +627,12 @@ impl<'l> DecodeState<'l> {
         self.resampling += started.elapsed();
         let peak_abs = self.pcm_16k.iter().fold(0.0f32, |m, s| m.max(s.abs()));
         Ok(DecodedAudio {
-            duration_secs: self.pcm_16k.len() as f64 / f64::from(TARGET_SAMPLE_RATE_HZ),
+            duration_s: self.pcm_16k.len() as f64 / f64::from(TARGET_SAMPLE_RATE_HZ),
             pcm_16k: self.pcm_16k,
             source_sample_rate_hz: rate,
             source_channels: channels,
             peak_abs,
-            resample_secs: self.resampling.as_secs_f64(),
+            resample_s: self.resampling.as_secs_f64(),
         })
     }
 }

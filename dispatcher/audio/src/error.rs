@@ -33,10 +33,10 @@ pub enum AudioError {
         min_duration_ms: u64,
     },
 
-    #[error("audio lasts at least {duration_secs:.1} s, over the limit of {max_duration_secs} s")]
+    #[error("audio lasts at least {duration_s:.1} s, over the limit of {max_duration_s} s")]
     TooLong {
-        duration_secs: f64,
-        max_duration_secs: u64,
+        duration_s: f64,
+        max_duration_s: u64,
     },
 
     #[error("audio has {channels} channels, over the limit of {max_channels}")]
@@ -52,8 +52,8 @@ pub enum AudioError {
         max_hz: u32,
     },
 
-    #[error("decoding took longer than {timeout_secs} s")]
-    DecodeTimeout { timeout_secs: u64 },
+    #[error("decoding took longer than {timeout_s} s")]
+    DecodeTimeout { timeout_s: u64 },
 
     /// A decoder panicked on this input; caught so one file cannot take the process down.
     #[error("the decoder crashed on this input: {detail}")]

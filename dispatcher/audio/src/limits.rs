@@ -13,7 +13,7 @@ pub struct AudioLimits {
     /// Longest accepted recording. Checked against the container's declared length before
     /// decoding and again against the decoded frame count while decoding, so a header that lies
     /// cannot make the output grow past it. The 16 kHz f32 output costs 230 MB per hour.
-    pub max_duration_secs: u64,
+    pub max_duration_s: u64,
     /// Shortest accepted recording (160 ms, like AssemblyAI): shorter clips cannot hold a word.
     pub min_duration_ms: u64,
     /// Most channels accepted (more: `too_many_channels`, before decoding). 32 covers mono,
@@ -30,20 +30,20 @@ pub struct AudioLimits {
     pub max_corrupt_packets: u32,
     /// Wall-clock budget for one decode, checked between packets. Real decoding runs hundreds of
     /// times faster than real time; this catches pathological inputs that crawl.
-    pub decode_timeout_secs: u64,
+    pub decode_timeout_s: u64,
 }
 
 impl Default for AudioLimits {
     fn default() -> Self {
         Self {
             max_input_bytes: 2 * 1024 * 1024 * 1024,
-            max_duration_secs: 4 * 3600,
+            max_duration_s: 4 * 3600,
             min_duration_ms: 160,
             max_channels: 32,
             min_sample_rate_hz: 8_000,
             max_sample_rate_hz: 96_000,
             max_corrupt_packets: 32,
-            decode_timeout_secs: 600,
+            decode_timeout_s: 600,
         }
     }
 }
@@ -51,7 +51,7 @@ impl Default for AudioLimits {
 impl AudioLimits {
     /// Most source frames accepted at `sample_rate_hz`.
     pub(crate) fn max_source_frames(&self, sample_rate_hz: u32) -> u64 {
-        self.max_duration_secs
+        self.max_duration_s
             .saturating_mul(u64::from(sample_rate_hz))
     }
 

@@ -11,10 +11,10 @@ use crate::resample::TARGET_SAMPLE_RATE_HZ;
 #[serde(default, deny_unknown_fields)]
 pub struct SegmenterConfig {
     /// Longest segment handed to the model.
-    pub max_segment_secs: f64,
+    pub max_segment_s: f64,
     /// The cut is the quietest point within this many seconds before the limit; a longer window
     /// finds real pauses more often at the price of shorter segments.
-    pub cut_search_secs: f64,
+    pub cut_search_s: f64,
     /// Length of the frames whose RMS energy is compared (20-30 ms spans one phoneme-sized gap).
     pub energy_frame_ms: u32,
 }
@@ -22,8 +22,8 @@ pub struct SegmenterConfig {
 impl Default for SegmenterConfig {
     fn default() -> Self {
         Self {
-            max_segment_secs: 30.0,
-            cut_search_secs: 5.0,
+            max_segment_s: 30.0,
+            cut_search_s: 5.0,
             energy_frame_ms: 25,
         }
     }
@@ -44,24 +44,24 @@ impl Segment<'_> {
     }
 
     /// Start time in the recording; add it to segment-relative timestamps.
-    pub fn start_secs(&self) -> f64 {
+    pub fn start_s(&self) -> f64 {
         self.start_sample as f64 / f64::from(TARGET_SAMPLE_RATE_HZ)
     }
 
-    pub fn duration_secs(&self) -> f64 {
+    pub fn duration_s(&self) -> f64 {
         self.samples.len() as f64 / f64::from(TARGET_SAMPLE_RATE_HZ)
     }
 }
 
 /// Lazily cuts `pcm` (16 kHz mono) into consecutive segments of at most
-/// `cfg.max_segment_secs` that cover it exactly, with no gaps and no overlaps.
+/// `cfg.max_segment_s` that cover it exactly, with no gaps and no overlaps.
 pub fn segments<'a>(pcm: &'a [f32], cfg: &SegmenterConfig) -> Segments<'a> {
     let rate = f64::from(TARGET_SAMPLE_RATE_HZ);
     let frame = (cfg.energy_frame_ms as usize * TARGET_SAMPLE_RATE_HZ as usize / 1000).max(1);
     // Sanitised so any config yields progress: at least two frames per segment, and the search
     // window inside the segment.
-    let max_len = secs_to_samples(cfg.max_segment_secs, rate).max(2 * frame);
-    let search = secs_to_samples(cfg.cut_search_secs, rate).clamp(frame, max_len - frame);
+    let max_len = secs_to_samples(cfg.max_segment_s, rate).max(2 * frame);
+    let search = secs_to_samples(cfg.cut_search_s, rate).clamp(frame, max_len - frame);
     Segments {
         pcm,
         pos: 0,
@@ -143,7 +143,7 @@ mod tests {
     }
 
     fn assert_exact_cover(pcm: &[f32], cfg: &SegmenterConfig) -> Vec<(usize, usize)> {
-        let max = (cfg.max_segment_secs * RATE as f64).round() as usize;
+        let max = (cfg.max_segment_s * RATE as f64).round() as usize;
         let mut next = 0;
         let mut spans = Vec::new();
         for seg in segments(pcm, cfg) {
@@ -229,18 +229,18 @@ mod tests {
         let pcm = tone(RATE * 3 + 17);
         for cfg in [
             SegmenterConfig {
-                max_segment_secs: 0.01,
-                cut_search_secs: 100.0,
+                max_segment_s: 0.01,
+                cut_search_s: 100.0,
                 energy_frame_ms: 25,
             },
             SegmenterConfig {
-                max_segment_secs: 1.0,
-                cut_search_secs: 0.0,
+                max_segment_s: 1.0,
+                cut_search_s: 0.0,
                 energy_frame_ms: 0,
             },
             SegmenterConfig {
-                max_segment_secs: f64::NAN,
-                cut_search_secs: f64::INFINITY,
+                max_segment_s: f64::NAN,
+                cut_search_s: f64::INFINITY,
                 energy_frame_ms: 30,
             },
         ] {

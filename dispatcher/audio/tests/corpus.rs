@@ -87,7 +87,7 @@ fn every_corpus_file_has_one_typed_outcome_within_the_time_limit() {
                     "{name}"
                 );
                 assert!(a.pcm_16k.iter().all(|s| s.is_finite()), "{name}");
-                assert!((a.duration_secs - a.pcm_16k.len() as f64 / 16_000.0).abs() < 1e-9);
+                assert!((a.duration_s - a.pcm_16k.len() as f64 / 16_000.0).abs() < 1e-9);
             }
             (Err(code), std::result::Result::Err(e)) => {
                 assert_eq!(e.reason_code(), *code, "{name}: {e}");
@@ -95,7 +95,7 @@ fn every_corpus_file_has_one_typed_outcome_within_the_time_limit() {
             }
             _ => failures.push(format!(
                 "{name}: got {:?}",
-                result.as_ref().map(|a| a.duration_secs)
+                result.as_ref().map(|a| a.duration_s)
             )),
         }
     }

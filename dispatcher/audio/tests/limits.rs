@@ -30,11 +30,11 @@ fn declared_length_over_the_limit_is_rejected_without_decoding() {
     let e = decode(
         &read("speech_16k_mono.wav"),
         Some("wav"),
-        &with(|l| l.max_duration_secs = 1),
+        &with(|l| l.max_duration_s = 1),
     )
     .expect_err("3.7 s > 1 s");
     match e {
-        AudioError::TooLong { duration_secs, .. } => assert!((duration_secs - 3.74).abs() < 0.01),
+        AudioError::TooLong { duration_s, .. } => assert!((duration_s - 3.74).abs() < 0.01),
         other => panic!("expected too_long, got {other}"),
     }
 }
@@ -46,14 +46,14 @@ fn running_budget_stops_a_stream_without_a_declared_length() {
     let e = decode(
         &read("streaming_header.wav"),
         Some("wav"),
-        &with(|l| l.max_duration_secs = 1),
+        &with(|l| l.max_duration_s = 1),
     )
     .expect_err("3.7 s stream > 1 s");
     match e {
-        AudioError::TooLong { duration_secs, .. } => {
+        AudioError::TooLong { duration_s, .. } => {
             assert!(
-                (1.0..1.2).contains(&duration_secs),
-                "stopped at {duration_secs} s"
+                (1.0..1.2).contains(&duration_s),
+                "stopped at {duration_s} s"
             )
         }
         other => panic!("expected too_long, got {other}"),
@@ -126,7 +126,7 @@ fn sample_rate_range_is_configurable() {
 #[test]
 fn wall_clock_budget_ends_the_decode() {
     let bytes = wav_f32(16_000, 1, &sine(300.0, 0.5, 16_000, 16_000));
-    let e = decode(&bytes, Some("wav"), &with(|l| l.decode_timeout_secs = 0)).expect_err("0 s");
+    let e = decode(&bytes, Some("wav"), &with(|l| l.decode_timeout_s = 0)).expect_err("0 s");
     assert_eq!(e.reason_code(), "decode_timeout");
 }
 
@@ -142,13 +142,13 @@ fn only_io_errors_are_transient() {
 #[test]
 fn configs_deserialize_with_defaults_and_reject_unknown_fields() {
     let limits: AudioLimits =
-        serde_json::from_str(r#"{"max_duration_secs": 60}"#).expect("partial config");
-    assert_eq!(limits.max_duration_secs, 60);
+        serde_json::from_str(r#"{"max_duration_s": 60}"#).expect("partial config");
+    assert_eq!(limits.max_duration_s, 60);
     assert_eq!(limits.max_channels, AudioLimits::default().max_channels);
     assert!(serde_json::from_str::<AudioLimits>(r#"{"max_duration": 60}"#).is_err());
     let seg: SegmenterConfig =
-        serde_json::from_str(r#"{"max_segment_secs": 20.0}"#).expect("partial config");
-    assert_eq!(seg.max_segment_secs, 20.0);
+        serde_json::from_str(r#"{"max_segment_s": 20.0}"#).expect("partial config");
+    assert_eq!(seg.max_segment_s, 20.0);
     assert_eq!(
         seg.energy_frame_ms,
         SegmenterConfig::default().energy_frame_ms

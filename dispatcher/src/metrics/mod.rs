@@ -132,7 +132,7 @@ pub trait Sink: Send + Sync {
 }
 
 /// Another component's metrics and health, shown by `/metrics` and `/health` next to the
-/// dispatcher's own (the worker fleet of `--engine fleet`).
+/// dispatcher's own (the worker fleet of `--gpus`/`--cpu-instances`).
 pub trait MetricsSource: Send + Sync {
     /// Its key in `/health`'s JSON.
     fn name(&self) -> &'static str;

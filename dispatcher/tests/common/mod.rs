@@ -95,7 +95,7 @@ pub fn settings(backend: &Backend, tweak: impl FnOnce(&mut SettingsArgs)) -> Set
         ..SettingsArgs::default()
     };
     tweak(&mut args);
-    args.resolve(None).expect("test settings")
+    args.resolve().expect("test settings")
 }
 
 /// Runs a consumer over the backend until the queue is empty and nothing is in flight.

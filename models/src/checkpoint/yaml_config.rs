@@ -117,7 +117,7 @@ fn features(y: &ConfigYaml<'_>, stft_padding: StftPadding) -> Result<FeatureConf
 
     // Seconds (`window_size`) or samples (`n_window_size`); NeMo converts seconds with int(),
     // which truncates, and so do we.
-    let samples = |secs_key: &str, n_key: &str, default_secs: f64| -> Result<usize, ModelError> {
+    let samples = |secs_key: &str, n_key: &str, default_s: f64| -> Result<usize, ModelError> {
         match (y.f64_opt(&p(secs_key))?, y.usize_opt(&p(n_key))?) {
             (Some(_), Some(_)) => {
                 Err(y.invalid(&p(n_key), format!("both {secs_key} and {n_key} are set")))
@@ -125,7 +125,7 @@ fn features(y: &ConfigYaml<'_>, stft_padding: StftPadding) -> Result<FeatureConf
             (None, Some(n)) if n > 0 => Ok(n),
             (None, Some(_)) => Err(y.invalid(&p(n_key), "must be positive")),
             (secs, None) => {
-                let n = (secs.unwrap_or(default_secs) * f64::from(sample_rate_hz)) as i64;
+                let n = (secs.unwrap_or(default_s) * f64::from(sample_rate_hz)) as i64;
                 usize::try_from(n)
                     .ok()
                     .filter(|&n| n > 0 && n as u64 <= MAX_SETTING)

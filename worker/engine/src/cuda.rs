@@ -21,7 +21,7 @@ use crate::transcription::{one_per_clip, Engine, Fault};
 pub struct CudaSettings {
     pub device: usize,
     pub graph_max_batch: usize,
-    pub graph_max_seconds: f64,
+    pub graph_max_s: f64,
     pub features: FeatureLocation,
     pub precision: EncoderPrecision,
     /// Cap of each subsampling scratch buffer (`usize::MAX`: none).
@@ -34,7 +34,7 @@ pub struct CudaSettings {
 
 impl CudaSettings {
     /// Longest segment the decoder graph is captured for at warm-up (longer ones run eagerly).
-    pub const DEFAULT_GRAPH_MAX_SECONDS: f64 = 30.0;
+    pub const DEFAULT_GRAPH_MAX_S: f64 = 30.0;
     /// Each subsampling scratch buffer's cap: groups of 5 x 30 s in bf16.
     pub const DEFAULT_SUBSAMPLING_SCRATCH_MIB: usize = 64;
 
@@ -44,7 +44,7 @@ impl CudaSettings {
         Self {
             device,
             graph_max_batch,
-            graph_max_seconds: Self::DEFAULT_GRAPH_MAX_SECONDS,
+            graph_max_s: Self::DEFAULT_GRAPH_MAX_S,
             features: FeatureLocation::Device,
             precision,
             subsampling_scratch_bytes: Self::DEFAULT_SUBSAMPLING_SCRATCH_MIB << 20,
@@ -80,7 +80,7 @@ impl CudaBackend {
             share_weights(&mut model, path, dir, settings.precision)?;
         }
         model
-            .warm_up(settings.graph_max_batch, settings.graph_max_seconds)
+            .warm_up(settings.graph_max_batch, settings.graph_max_s)
             .map_err(EngineError::Cuda)?;
         Ok(Self {
             model,

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
-    #[error("loading model {path}: {source}")]
+    #[error("{}", load_message(path, source))]
     Load {
         path: PathBuf,
         #[source]
@@ -32,5 +32,15 @@ impl EngineError {
     /// The GPU had no memory for this batch (or this MPS client's share had none).
     pub fn is_out_of_memory(&self) -> bool {
         matches!(self, Self::Cuda(e) if e.is_out_of_memory())
+    }
+}
+
+/// `loading model PATH: cause`, naming the path once when the cause starts with it.
+fn load_message(path: &std::path::Path, source: &models::ModelError) -> String {
+    let path = path.display().to_string();
+    let cause = source.to_string();
+    match cause.strip_prefix(&path) {
+        Some(rest) => format!("loading model {path}{rest}"),
+        None => format!("loading model {path}: {cause}"),
     }
 }

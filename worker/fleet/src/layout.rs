@@ -3,7 +3,6 @@
 //! open fails here, before anything starts), then apply the rules of [`auto_instances`].
 
 use std::path::Path;
-use std::process::Command;
 
 use worker_protocol::DeviceReport;
 
@@ -73,7 +72,7 @@ pub fn auto_instances(device: &DeviceReport, host_cores_per_gpu: usize) -> Layou
 /// Reads GPU `gpu` (a host ordinal) with `<worker> probe --require-cuda`, outside any MPS
 /// daemon, so the SM count is the whole device's.
 pub fn probe_gpu(worker_binary: &Path, gpu: u32) -> Result<DeviceReport, FleetError> {
-    let output = Command::new(worker_binary)
+    let output = crate::worker_command::worker_command(worker_binary)
         .args(["probe", "--require-cuda"])
         .env("CUDA_VISIBLE_DEVICES", gpu.to_string())
         .env_remove("CUDA_MPS_PIPE_DIRECTORY")

@@ -11,7 +11,7 @@
 //! - [`mps`]: the environment and control-daemon commands of CUDA MPS, as data, and the
 //!   `terminate_client` exchange run before an MPS client is killed.
 //! - [`FleetOptions`]: the command-line shape of a fleet, shared by the standalone `fleet`
-//!   supervisor binary and the dispatcher's `--engine fleet`.
+//!   supervisor binary and the dispatcher (a fleet when `--gpus` or `--cpu-instances` is given).
 //! - Observability: [`FleetEvent`]s, [`FleetHealth`], [`Fleet::render_prometheus`].
 //!
 //! Synchronous (threads, not async): the dispatcher calls transcribers on blocking threads.
@@ -28,6 +28,7 @@ mod metrics;
 pub mod mps;
 mod options;
 mod transcriber;
+mod worker_command;
 
 pub use config::{Backoff, DiarizationPool, FleetConfig, GroupConfig};
 pub use error::FleetError;

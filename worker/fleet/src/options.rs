@@ -1,5 +1,5 @@
-//! A fleet on the command line: the flags (and `FLEET_*` environment variables) shared by the
-//! standalone `fleet` supervisor and the dispatcher's `--engine fleet`. The worker engine and
+//! A fleet on the command line: the flags shared by the standalone `fleet` supervisor and the
+//! dispatcher (whose engine runs in a fleet when `--gpus` or `--cpu-instances` is given). The worker engine and
 //! the models (transcription and diarization) are not here: each program names those its own
 //! way.
 
@@ -15,83 +15,72 @@ use worker_protocol::EngineKind;
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct FleetOptions {
     /// GPU ordinals, one worker group and one MPS domain each, e.g. `0,1`.
-    #[arg(
-        long,
-        env = "FLEET_GPUS",
-        value_delimiter = ',',
-        conflicts_with = "cpu_instances"
-    )]
+    #[arg(long, value_delimiter = ',', conflicts_with = "cpu_instances")]
     pub gpus: Vec<u32>,
     /// Workers per GPU (default: chosen per GPU from its SMs and memory and the host's cores,
     /// at most 4; see `layout::auto_instances`; the start-up log says what was chosen and why).
-    #[arg(long, env = "FLEET_INSTANCES_PER_GPU")]
+    #[arg(long)]
     pub instances_per_gpu: Option<usize>,
     /// CPU mode: this many workers in one group, no GPU, no MPS.
-    #[arg(long, env = "FLEET_CPU_INSTANCES")]
+    #[arg(long)]
     pub cpu_instances: Option<usize>,
     /// Plain time-slicing: no MPS daemon, no thread percentage (also the default when a GPU
     /// runs one worker).
-    #[arg(long, env = "FLEET_NO_MPS")]
+    #[arg(long)]
     pub no_mps: bool,
     /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` of every worker (default: 100 / instances per GPU).
-    #[arg(long, env = "FLEET_MPS_THREAD_PERCENTAGE",
-          value_parser = clap::value_parser!(u32).range(1..=100))]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub mps_thread_percentage: Option<u32>,
     /// MPS pipe directories are `<root>/gpu<N>` (default: `<runtime-dir>/mps/pipe`).
-    #[arg(long, env = "FLEET_MPS_PIPE_ROOT")]
+    #[arg(long)]
     pub mps_pipe_root: Option<PathBuf>,
     /// MPS log directories are `<root>/gpu<N>` (default: `<runtime-dir>/mps/log`).
-    #[arg(long, env = "FLEET_MPS_LOG_ROOT")]
+    #[arg(long)]
     pub mps_log_root: Option<PathBuf>,
     /// The `worker` executable (default: `worker` next to this program).
-    #[arg(long, env = "FLEET_WORKER_BINARY")]
+    #[arg(long)]
     pub worker_binary: Option<PathBuf>,
     /// Worker sockets and the model-load lock (default: `<temp dir>/parakeet-fleet`). One
     /// fleet per directory.
-    #[arg(long, env = "FLEET_RUNTIME_DIR")]
+    #[arg(long)]
     pub runtime_dir: Option<PathBuf>,
     /// Every transcription worker keeps its own copy of the encoder weights (by default the
     /// CUDA workers of a GPU share one, under `<runtime-dir>/weights`).
-    #[arg(long, env = "FLEET_NO_WEIGHT_SHARING")]
+    #[arg(long)]
     pub no_weight_sharing: bool,
     /// Extra `worker serve` argument, repeatable: `--worker-arg=--max-batch-wait-ms=20`.
-    #[arg(
-        long = "worker-arg",
-        env = "FLEET_WORKER_ARGS",
-        value_delimiter = ' ',
-        allow_hyphen_values = true
-    )]
+    #[arg(long = "worker-arg", value_delimiter = ' ', allow_hyphen_values = true)]
     pub worker_args: Vec<String>,
     /// Requests in flight on one worker, at most (beyond: wait in the supervisor).
-    #[arg(long, env = "FLEET_MAX_OUTSTANDING_PER_WORKER", default_value_t = 32)]
+    #[arg(long, default_value_t = 32)]
     pub max_outstanding_per_worker: usize,
     /// A request unanswered this long marks its worker stuck.
-    #[arg(long, env = "FLEET_REQUEST_TIMEOUT_S", default_value_t = 120)]
+    #[arg(long, default_value_t = 120)]
     pub request_timeout_s: u64,
     /// A health ping unanswered this long marks the worker stuck.
-    #[arg(long, env = "FLEET_HEALTH_TIMEOUT_MS", default_value_t = 5000)]
+    #[arg(long, default_value_t = 5000)]
     pub health_timeout_ms: u64,
     /// Spawn to ready (model load and warm-up), at most.
-    #[arg(long, env = "FLEET_STARTUP_TIMEOUT_S", default_value_t = 300)]
+    #[arg(long, default_value_t = 300)]
     pub startup_timeout_s: u64,
     /// Failed starts in a row (the worker exits, or is not ready within the startup timeout)
     /// after which a worker slot stops trying; once every transcription slot has stopped, the
     /// fleet gives up with the last worker's error (restarts back off from 0.2 s to 30 s).
-    #[arg(long, env = "FLEET_MAX_START_FAILURES", default_value_t = 8,
+    #[arg(long, default_value_t = 8,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_start_failures: u32,
     /// Sortformer diarization workers per GPU (in CPU mode: in the CPU group), when a
     /// diarization model is given. Under MPS they are clients of the GPU's daemon. 0: no
     /// diarization pool (the dispatcher then diarizes in its own process).
-    #[arg(long, env = "FLEET_DIAR_WORKERS_PER_GPU", default_value_t = 8)]
+    #[arg(long, default_value_t = 8)]
     pub diar_workers_per_gpu: usize,
     /// `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` of each diarization worker.
-    #[arg(long, env = "FLEET_DIAR_MPS_PERCENTAGE", default_value_t = 12,
+    #[arg(long, default_value_t = 12,
           value_parser = clap::value_parser!(u32).range(1..=100))]
     pub diar_mps_percentage: u32,
     /// Engine of the diarization workers, `cpu` or `cuda` (default: the transcription
     /// workers' engine).
-    #[arg(long, env = "FLEET_DIAR_ENGINE", value_enum)]
+    #[arg(long, value_enum)]
     pub diar_engine: Option<EngineKind>,
 }
 

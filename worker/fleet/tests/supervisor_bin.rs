@@ -83,7 +83,7 @@ fn supervisor_reports_restarts_serves_health_and_stops_on_sigterm() -> Result<()
         .arg(worker_binary()?)
         .arg("--runtime-dir")
         .arg(dir.path())
-        .args(["--metrics-addr", "127.0.0.1:0"])
+        .args(["--metrics-listen", "127.0.0.1:0"])
         .arg("--worker-arg=--max-batch-wait-ms=10")
         .stdout(Stdio::piped())
         .stdin(Stdio::null())
@@ -187,7 +187,7 @@ fn the_binary_runs_a_diarization_pool_beside_the_transcribers() -> Result<()> {
         .arg(worker_binary()?)
         .arg("--runtime-dir")
         .arg(dir.path())
-        .args(["--metrics-addr", "127.0.0.1:0"])
+        .args(["--metrics-listen", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stdin(Stdio::null())
         .spawn()?;
@@ -268,7 +268,7 @@ fn a_fleet_whose_workers_cannot_start_gives_up_with_their_error() -> Result<()> 
         .arg(worker_binary()?)
         .arg("--runtime-dir")
         .arg(dir.path())
-        .args(["--metrics-addr", "127.0.0.1:0"])
+        .args(["--metrics-listen", "127.0.0.1:0"])
         .stdin(Stdio::null())
         .output()?;
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -280,7 +280,7 @@ fn a_fleet_whose_workers_cannot_start_gives_up_with_their_error() -> Result<()> 
     );
     let verdict = stderr
         .lines()
-        .find(|l| l.starts_with("Error: no worker could start (3 tries each)"))
+        .find(|l| l.starts_with("error: no worker could start (3 tries each)"))
         .unwrap_or_default();
     ensure!(
         verdict.contains("no-such-model.nemo"),

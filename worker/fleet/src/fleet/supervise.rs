@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
@@ -27,7 +27,7 @@ fn spawn_worker(shared: &Shared, slot: &Slot) -> std::io::Result<Child> {
     let cfg = &shared.config;
     let group = &cfg.groups[slot.group];
     let _ = std::fs::remove_file(&slot.socket);
-    let mut command = Command::new(&cfg.worker_binary);
+    let mut command = crate::worker_command::worker_command(&cfg.worker_binary);
     if group.mps.is_some() {
         for name in mps::WORKER_ENV_REMOVE_UNDER_MPS {
             command.env_remove(name);

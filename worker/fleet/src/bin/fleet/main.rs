@@ -23,29 +23,36 @@ use worker_protocol::EngineKind;
 )]
 struct Args {
     /// The engine every worker runs (`worker serve --engine`).
-    #[arg(long, env = "FLEET_ENGINE", value_enum)]
+    #[arg(long, value_enum)]
     engine: EngineKind,
     /// The model every transcription worker loads (`.nemo`, or an ONNX export directory).
-    #[arg(long, env = "FLEET_MODEL")]
+    #[arg(long)]
     model: PathBuf,
     /// A Sortformer `.nemo`: run a diarization pool next to the transcription workers of
     /// every group (`--diar-workers-per-gpu`, `--diar-mps-percentage`, `--diar-engine`).
-    #[arg(long, env = "FLEET_DIAR_MODEL")]
+    #[arg(long)]
     diar_model: Option<PathBuf>,
     /// Serve `/health` (JSON; 200 when every group has a ready worker) and `/metrics`
     /// (Prometheus text) here.
-    #[arg(long, env = "FLEET_METRICS_ADDR", default_value = "127.0.0.1:9410")]
-    metrics_addr: SocketAddr,
+    #[arg(long, default_value = "127.0.0.1:9410")]
+    metrics_listen: SocketAddr,
     /// Log lines on stderr: `text`, or `json` (one object per line, for log shippers).
-    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t)]
+    #[arg(long, value_enum, default_value_t)]
     log_format: telemetry::logs::LogFormat,
     #[command(flatten)]
     fleet: FleetOptions,
 }
 
-fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+fn main() -> std::process::ExitCode {
+    let args = cli::parse::<Args>();
     telemetry::logs::init(args.log_format, "info", &[]);
+    match run(args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => cli::report::exit_failure(error.as_ref()),
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
     let config = args
         .fleet
         .to_config_with_diarization(args.engine, &args.model, args.diar_model.as_deref())
@@ -66,7 +73,7 @@ fn main() -> anyhow::Result<()> {
             ..FleetHooks::default()
         };
         let fleet = Arc::new(Fleet::start_with(config, hooks).context("starting the fleet")?);
-        let result = serve_until_signal(Arc::clone(&fleet), args.metrics_addr).await;
+        let result = serve_until_signal(Arc::clone(&fleet), args.metrics_listen).await;
         // Workers first, then the daemons they were clients of (Fleet::shutdown's order).
         tokio::task::spawn_blocking(move || fleet.shutdown())
             .await
@@ -129,6 +136,28 @@ fn print_events(events: std::sync::mpsc::Receiver<FleetEvent>) {
                 let _ = out.flush();
             }
             Err(e) => tracing::warn!(error = %e, ?event, "event not printable"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_setting_is_a_flag_a_variable_and_a_key() {
+        assert_eq!(
+            cli::conformance::violations(cli::command::<Args>),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn the_settings_reference_is_current() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/settings/fleet.md");
+        if let Err(e) = cli::reference::check_file(&cli::command::<Args>(), &path) {
+            panic!("{e}");
         }
     }
 }

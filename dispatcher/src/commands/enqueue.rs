@@ -14,10 +14,10 @@ pub(crate) struct EnqueueArgs {
     #[arg(required = true)]
     pub(crate) inputs: Vec<String>,
     /// SQS queue URL.
-    #[arg(long, env = "QUEUE_URL", conflicts_with = "spool")]
+    #[arg(long, conflicts_with = "spool")]
     pub(crate) queue_url: Option<String>,
     /// Local spool directory instead of SQS.
-    #[arg(long, env = "DISPATCHER_SPOOL")]
+    #[arg(long)]
     pub(crate) spool: Option<PathBuf>,
     /// Result prefix `s3://bucket/prefix/` (default: the dispatcher's `output_uri`).
     #[arg(long)]
@@ -26,7 +26,7 @@ pub(crate) struct EnqueueArgs {
     #[arg(long)]
     pub(crate) version_id: Option<String>,
     /// Output formats (default: all).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = super::output_format())]
     pub(crate) formats: Vec<OutputFormat>,
     /// Ask for speaker diarization.
     #[arg(long)]

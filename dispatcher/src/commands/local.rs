@@ -31,11 +31,11 @@ pub(crate) const LOCAL_OUTPUT_URI: &str = "s3://results/";
 #[derive(Debug, clap::Args)]
 pub(crate) struct LocalArgs {
     /// Spool directory: the durable local queue (created if missing).
-    #[arg(long, env = "DISPATCHER_SPOOL")]
+    #[arg(long)]
     pub(crate) spool: PathBuf,
     /// Store directory: one subdirectory per bucket (created if missing). Results land in
     /// `<store>/results/` unless `--output-uri` says otherwise.
-    #[arg(long, env = "DISPATCHER_STORE")]
+    #[arg(long)]
     pub(crate) store: PathBuf,
     /// Submit every file under this folder (copied to `<store>/inputs/`) before processing.
     #[arg(long)]
@@ -48,26 +48,19 @@ pub(crate) struct LocalArgs {
     #[arg(long)]
     pub(crate) follow: bool,
     /// Off a terminal (where no progress bar is drawn), seconds between progress lines.
-    #[arg(long, env = "DISPATCHER_PROGRESS_INTERVAL_S", default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0)]
     pub(crate) progress_interval_s: f64,
-    /// TOML file with any of the settings below.
-    #[arg(long, env = "DISPATCHER_CONFIG")]
-    pub(crate) config: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) settings: SettingsArgs,
     #[command(flatten)]
     pub(crate) engine: dispatcher::fleet_engine::EngineArgs,
 }
 
-/// What a local spool and store change in the defaults: results under `<store>/results/`, and
-/// short receives (a directory answers at once; there is no long poll to wait out).
-pub(crate) fn local_defaults() -> SettingsArgs {
-    SettingsArgs {
-        output_uri: Some(LOCAL_OUTPUT_URI.into()),
-        wait_time_s: Some(1),
-        ..SettingsArgs::default()
-    }
-}
+/// What a local spool and store change in the defaults (`local` and `serve`): results under
+/// `<store>/results/`, and short receives (a directory answers at once; there is no long poll
+/// to wait out).
+pub(crate) const LOCAL_DEFAULTS: &[(&str, &str)] =
+    &[("output_uri", LOCAL_OUTPUT_URI), ("wait_time_s", "1")];
 
 pub(crate) async fn run(args: LocalArgs) -> anyhow::Result<ExitCode> {
     if !(args.progress_interval_s.is_finite() && args.progress_interval_s > 0.0) {
@@ -76,16 +69,12 @@ pub(crate) async fn run(args: LocalArgs) -> anyhow::Result<ExitCode> {
             args.progress_interval_s
         );
     }
-    let settings = args
-        .settings
-        .over(local_defaults())
-        .resolve(args.config.as_deref())?;
-    let model = settings
-        .model
-        .clone()
-        .context("--model (or MODEL, or `model` in the config file) is required to process jobs")?;
+    let settings = args.settings.resolve()?;
+    let model = settings.model.clone().context(
+        "--model (or PARAKEET_MODEL, or `model` in the --config file) is required to process jobs",
+    )?;
     if args.diarize && settings.diar_model.is_none() {
-        anyhow::bail!("--diarize needs --diar-model (or DIAR_MODEL, or `diar_model`)");
+        anyhow::bail!("--diarize needs --diar-model (or PARAKEET_DIAR_MODEL, or `diar_model` in the --config file)");
     }
     let spool = SpoolQueue::open(&args.spool, settings.max_receives)?;
     let store = LocalStore::open(&args.store)?;

@@ -22,44 +22,36 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, clap::Args)]
 pub(crate) struct ServeArgs {
     /// Address of the API, `/health` and `/metrics`.
-    #[arg(long, env = "DISPATCHER_LISTEN", default_value = "127.0.0.1:8000")]
+    #[arg(long, default_value = "127.0.0.1:8000")]
     pub(crate) listen: SocketAddr,
     /// File of API keys, one per line (`#` comments): requests must then send
     /// `Authorization: Bearer <key>`. Unset, with no `--api-keys`: no authentication.
-    #[arg(long, env = "DISPATCHER_API_KEYS_FILE")]
+    #[arg(long)]
     pub(crate) api_keys_file: Option<PathBuf>,
     /// API keys, comma-separated, with or instead of the file (prefer the variable or the
     /// file: a flag shows in the process list).
-    #[arg(long, env = "DISPATCHER_API_KEYS", hide_env_values = true)]
+    #[arg(long, hide_env_values = true)]
     pub(crate) api_keys: Option<String>,
     /// The name clients give as `model` (default: the model file's name without `.nemo`).
-    #[arg(long, env = "DISPATCHER_SERVED_MODEL_NAME")]
+    #[arg(long)]
     pub(crate) served_model_name: Option<String>,
     /// Other names accepted as `model` and listed by `/v1/models`, comma-separated (so clients
     /// written for OpenAI's `whisper-1` work unchanged); empty for none.
-    #[arg(
-        long,
-        env = "DISPATCHER_MODEL_ALIASES",
-        value_delimiter = ',',
-        default_value = "whisper-1"
-    )]
+    #[arg(long, value_delimiter = ',', default_value = "whisper-1")]
     pub(crate) model_aliases: Vec<String>,
     /// Requests accepted and not yet answered; one more is answered 429 with `Retry-After`.
-    #[arg(long, env = "DISPATCHER_MAX_PENDING_REQUESTS", default_value_t = 512)]
+    #[arg(long, default_value_t = 512)]
     pub(crate) max_pending_requests: usize,
     /// Also consume this spool directory's jobs (as `local` does) on the same engine, once it
     /// is ready; the API's segments go to the workers first. Needs `--store`.
-    #[arg(long, env = "DISPATCHER_SPOOL", requires = "store")]
+    #[arg(long, requires = "store")]
     pub(crate) spool: Option<PathBuf>,
     /// The store directory of `--spool`'s jobs (inputs and results, as for `local`).
-    #[arg(long, env = "DISPATCHER_STORE", requires = "spool")]
+    #[arg(long, requires = "spool")]
     pub(crate) store: Option<PathBuf>,
     /// Submit every file under this folder to `--spool` first (as `local --input-dir`).
     #[arg(long, requires = "spool")]
     pub(crate) input_dir: Option<PathBuf>,
-    /// TOML file with any of the settings below.
-    #[arg(long, env = "DISPATCHER_CONFIG")]
-    pub(crate) config: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) settings: SettingsArgs,
     #[command(flatten)]
@@ -85,14 +77,11 @@ fn model_names(served: Option<String>, model: &Path, aliases: Vec<String>) -> Ve
 
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Everything is checked before the listener binds or a worker starts.
-    let settings = args
-        .settings
-        .over(super::local::local_defaults())
-        .resolve(args.config.as_deref())?;
+    let settings = args.settings.resolve()?;
     let model = settings
         .model
         .clone()
-        .context("--model (or MODEL, or `model` in the config file) is required")?;
+        .context("--model (or PARAKEET_MODEL, or `model` in the --config file) is required")?;
     if args.max_pending_requests == 0 {
         bail!("--max-pending-requests must be at least 1");
     }

@@ -1,6 +1,5 @@
 //! `dispatcher run`: consume SQS, read inputs from S3, write results to S3.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,9 +17,6 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct RunArgs {
-    /// TOML file with any of the settings below.
-    #[arg(long, env = "DISPATCHER_CONFIG")]
-    pub(crate) config: Option<PathBuf>,
     /// Exit once the queue is empty and nothing is in flight (batch runs, tests).
     #[arg(long)]
     pub(crate) exit_when_idle: bool,
@@ -31,7 +27,7 @@ pub(crate) struct RunArgs {
 }
 
 pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let settings = args.settings.resolve(args.config.as_deref())?;
+    let settings = args.settings.resolve()?;
     let queue_url = settings
         .queue_url
         .clone()

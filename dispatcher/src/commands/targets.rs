@@ -17,23 +17,23 @@ use dispatcher::store::ObjectStore;
 #[derive(Debug, clap::Args)]
 pub(crate) struct ResultArgs {
     /// Where results live (and go): `s3://bucket/prefix/`.
-    #[arg(long, env = "OUTPUT_URI")]
+    #[arg(long)]
     pub(crate) output_uri: String,
     /// Model id whose results count as done.
-    #[arg(long, env = "MODEL_ID", required_unless_present = "model")]
+    #[arg(long, required_unless_present = "model")]
     pub(crate) model_id: Option<String>,
     /// Or: derive the model id from the model file, as the dispatcher does.
-    #[arg(long, env = "MODEL")]
+    #[arg(long)]
     pub(crate) model: Option<PathBuf>,
     /// Diarized results (jobs ask for speaker diarization): results count as done only under
     /// both models' id. Needs --diar-model-id or --diar-model.
     #[arg(long)]
     pub(crate) diarize: bool,
     /// Diarization model id of the results that count as done (with --diarize).
-    #[arg(long, env = "DIAR_MODEL_ID")]
+    #[arg(long)]
     pub(crate) diar_model_id: Option<String>,
     /// Or: derive it from the diarization model file, as the dispatcher does.
-    #[arg(long, env = "DIAR_MODEL")]
+    #[arg(long)]
     pub(crate) diar_model: Option<PathBuf>,
 }
 
@@ -72,7 +72,7 @@ impl ResultArgs {
 #[derive(Debug, clap::Args)]
 pub(crate) struct BackendArgs {
     /// SQS queue URL.
-    #[arg(long, env = "QUEUE_URL", conflicts_with = "spool")]
+    #[arg(long, conflicts_with = "spool")]
     pub(crate) queue_url: Option<String>,
     /// Local mode: spool directory instead of SQS (needs --store).
     #[arg(long, requires = "store")]
@@ -81,7 +81,7 @@ pub(crate) struct BackendArgs {
     #[arg(long)]
     pub(crate) store: Option<PathBuf>,
     /// Path-style S3 addressing (S3-compatible stores).
-    #[arg(long, env = "S3_FORCE_PATH_STYLE")]
+    #[arg(long)]
     pub(crate) s3_force_path_style: bool,
 }
 

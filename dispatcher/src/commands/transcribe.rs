@@ -2,7 +2,7 @@
 //! document per file, to stdout or `--out DIR/<stem>.<ext>`.
 //!
 //! The model is loaded once. Each file is decoded by the `audio` crate (any supported container,
-//! resampled to 16 kHz mono), cut into segments of at most `--max-segment-secs` at quiet points,
+//! resampled to 16 kHz mono), cut into segments of at most `--max-segment-s` at quiet points,
 //! transcribed a few segments per call, and the segment transcripts are joined. A file that
 //! fits in one segment keeps NeMo's transcript exactly as computed. A failing file is reported
 //! with its name and the others still run; the exit status is non-zero if any failed.
@@ -17,37 +17,29 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
-use clap::ValueEnum;
 use dispatcher::decode::{decode_segments, AudioSettings};
 use dispatcher::diarizer::Diarizer;
+use dispatcher::fleet_engine::CudaPrecision;
 use dispatcher::in_process;
 use dispatcher::recording::{transcribe_recording, RecordingResult};
+use dispatcher::transcriber::Capacity;
 use dispatcher::transcriber::{Priority, Transcriber};
-use engine::{EncoderPrecision, EngineKind, EngineSettings};
+use engine::{EngineKind, EngineSettings};
 use model_core::render::{render, OutputFormat, RenderOptions};
-
-/// The CUDA engine's encoder storage.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum CudaPrecision {
-    /// bf16 weights and activations, fp32 accumulation (fast).
-    Bf16,
-    /// f32 throughout: NeMo's fp32 results.
-    F32,
-}
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct TranscribeArgs {
     /// The model: a `.nemo` file (cpu and cuda engines) or an ONNX export directory (onnx).
-    #[arg(long, env = "PARAKEET_MODEL")]
+    #[arg(long)]
     pub(crate) model: PathBuf,
-    /// Output document format: json, verbose_json, text, srt, vtt, or rttm (with --diarize).
-    #[arg(long, default_value_t = OutputFormat::Json)]
+    /// Output document format (`rttm`: the speaker turns, with --diarize).
+    #[arg(long, default_value_t = OutputFormat::Json, value_parser = super::output_format())]
     pub(crate) format: OutputFormat,
     /// Say who spoke: speaker labels in verbose_json, srt and vtt; needs --diar-model.
     #[arg(long)]
     pub(crate) diarize: bool,
     /// The diarization model: a Streaming Sortformer `.nemo` file.
-    #[arg(long, env = "DIAR_MODEL")]
+    #[arg(long)]
     pub(crate) diar_model: Option<PathBuf>,
     /// The engine: `cpu` (the f32 reference model), `onnx` (ONNX Runtime on its CPU provider;
     /// needs `ORT_DYLIB_PATH`) or `cuda` (the native GPU engine; without a usable GPU this is an
@@ -55,22 +47,23 @@ pub(crate) struct TranscribeArgs {
     #[arg(long, value_enum, default_value_t = EngineKind::Cpu)]
     pub(crate) engine: EngineKind,
     /// The GPU of `--engine cuda` (ordinal after `CUDA_VISIBLE_DEVICES`).
-    #[arg(long, env = "CUDA_DEVICE", default_value_t = 0)]
-    pub(crate) device: usize,
-    /// Encoder storage of `--engine cuda`.
-    #[arg(long, value_enum, default_value_t = CudaPrecision::Bf16)]
-    pub(crate) cuda_precision: CudaPrecision,
+    #[arg(long, default_value_t = 0)]
+    pub(crate) cuda_device: usize,
+    /// The CUDA engine's encoder storage.
+    #[arg(long, value_enum, default_value_t)]
+    pub(crate) cuda_encoder_precision: CudaPrecision,
     /// Write `<DIR>/<file stem>.<ext>` per input instead of printing to stdout.
     #[arg(long, value_name = "DIR")]
     pub(crate) out: Option<PathBuf>,
     /// `language` written into verbose_json (e.g. `english`); omitted when not given.
     #[arg(long)]
     pub(crate) language: Option<String>,
-    /// Longest piece of audio given to the model at once; longer files are cut at quiet points.
+    /// Longest piece of audio given to the model at once (seconds); longer files are cut at
+    /// quiet points.
     #[arg(long, default_value_t = 30.0)]
-    pub(crate) max_segment_secs: f64,
+    pub(crate) max_segment_s: f64,
     /// Segments transcribed together in one batch.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = Capacity::ONE_CALL_AT_A_TIME.segments_per_call)]
     pub(crate) segments_per_call: usize,
     /// Audio files to transcribe.
     #[arg(required = true)]
@@ -79,13 +72,13 @@ pub(crate) struct TranscribeArgs {
 
 impl TranscribeArgs {
     fn engine_settings(&self) -> EngineSettings {
-        let precision = match self.cuda_precision {
-            CudaPrecision::Bf16 => EncoderPrecision::Bf16,
-            CudaPrecision::F32 => EncoderPrecision::F32,
-        };
         match self.engine {
             EngineKind::Cpu | EngineKind::Onnx => EngineSettings::cpu(),
-            EngineKind::Cuda => EngineSettings::gpu(self.device, precision, self.segments_per_call),
+            EngineKind::Cuda => EngineSettings::gpu(
+                self.cuda_device,
+                self.cuda_encoder_precision.encoder(),
+                self.segments_per_call,
+            ),
         }
     }
 }
@@ -164,10 +157,9 @@ pub(crate) fn run(args: TranscribeArgs) -> anyhow::Result<()> {
         None => None,
     };
     let transcriber =
-        in_process::load_transcriber(args.engine, &args.model, &settings, id_of(&args.model))
-            .with_context(|| format!("loading model {}", args.model.display()))?;
+        in_process::load_transcriber(args.engine, &args.model, &settings, id_of(&args.model))?;
     let mut audio = AudioSettings::default();
-    audio.segmenter.max_segment_secs = args.max_segment_secs;
+    audio.segmenter.max_segment_s = args.max_segment_s;
     let job = Transcribing {
         transcriber,
         diarizer,
