@@ -137,6 +137,17 @@ impl SettingsArgs {
     }
 }
 
+/// Segments shorter than a second would cut words apart (and a NaN or zero would cut a clip
+/// into thousands of pieces): `max_segment_s` must be a number of at least 1.
+pub fn check_max_segment_s(value: f64) -> Result<()> {
+    if value.is_finite() && value >= 1.0 {
+        return Ok(());
+    }
+    Err(DispatchError::Config(format!(
+        "max_segment_s must be a number of seconds of at least 1 (30 is NeMo-like), got {value}"
+    )))
+}
+
 impl Settings {
     pub fn validate(&self) -> Result<()> {
         let bad = |msg: String| Err(DispatchError::Config(msg));
@@ -168,12 +179,7 @@ impl Settings {
         if let Some((name, _)) = limits.iter().find(|(_, v)| *v == Some(0)) {
             return bad(format!("{name} must be at least 1 (leave it unset to size it from the engine and the host)"));
         }
-        if !(self.max_segment_s.is_finite() && self.max_segment_s >= 1.0) {
-            return bad(format!(
-                "max_segment_s must be at least 1, got {}",
-                self.max_segment_s
-            ));
-        }
+        check_max_segment_s(self.max_segment_s)?;
         if self.instance_metadata_url.is_some() && self.instance_metadata_poll_s == 0 {
             return bad("instance_metadata_poll_s must be at least 1".into());
         }

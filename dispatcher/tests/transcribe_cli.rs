@@ -368,3 +368,75 @@ fn a_model_of_the_wrong_kind_is_named_with_the_fix() -> Result<()> {
     }
     Ok(())
 }
+
+/// Settings and inputs a user gets wrong: each refused with one `error:` line that names the
+/// problem and the fix, and an exit status that tells a usage error (2) from a failure (1).
+#[test]
+fn bad_settings_and_inputs_name_the_problem_and_the_fix() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let typo = dir.path().join("typo.toml");
+    std::fs::write(&typo, "max_segment_secs = 20\n")?;
+    let text = dir.path().join("notes.wav");
+    std::fs::write(&text, "these are meeting notes, not audio\n")?;
+    let model = fixtures().join(MODEL).join("model.nemo");
+    let typo_flag = format!("--config={}", typo.display());
+    let cases: [(Vec<String>, PathBuf, i32, &[&str]); 5] = [
+        (
+            vec!["--max-segment-s".into(), "0".into()],
+            clip("espeak_short"),
+            1,
+            &["max_segment_s must be", "at least 1"],
+        ),
+        (
+            vec!["--max-segment-s".into(), "NaN".into()],
+            clip("espeak_short"),
+            1,
+            &["max_segment_s must be", "got NaN"],
+        ),
+        (
+            vec![typo_flag],
+            clip("espeak_short"),
+            2,
+            &[
+                "`max_segment_secs` is not a setting",
+                "long flags with `_` for `-`",
+            ],
+        ),
+        (
+            vec!["--engine".into(), "fleet".into()],
+            clip("espeak_short"),
+            2,
+            &["invalid value 'fleet' for '--engine", "cpu, onnx, cuda"],
+        ),
+        (
+            vec![],
+            text,
+            1,
+            &["not a recognised audio container", "give WAV, FLAC, MP3"],
+        ),
+    ];
+    for (args, input, code, wanted) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_dispatcher"))
+            .arg("transcribe")
+            .arg("--model")
+            .arg(&model)
+            .args(&args)
+            .arg(&input)
+            .env_remove("RUST_BACKTRACE")
+            .output()?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        ensure!(
+            out.status.code() == Some(code),
+            "{args:?}: exit {:?}, wanted {code}\n{stderr}",
+            out.status
+        );
+        for want in wanted {
+            ensure!(stderr.contains(want), "{args:?}: no `{want}` in\n{stderr}");
+        }
+        ensure!(
+            stderr.matches(wanted[0]).count() == 1,
+            "{args:?}: said more than once:\n{stderr}"
+        );
+    }
+    Ok(())
+}

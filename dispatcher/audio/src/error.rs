@@ -9,10 +9,10 @@ pub enum AudioError {
     #[error("input is empty (0 bytes)")]
     Empty,
 
-    #[error("input is {bytes} bytes, over the limit of {max_bytes} bytes")]
+    #[error("input is {bytes} bytes, over the limit of {max_bytes} bytes (raise max_input_bytes to accept it)")]
     TooLarge { bytes: u64, max_bytes: u64 },
 
-    #[error("not a recognised audio container: {detail}")]
+    #[error("not a recognised audio container ({detail}); give WAV, FLAC, MP3, M4A/AAC, Ogg (Opus, Vorbis), WebM/MKV, CAF or AIFF")]
     UnsupportedFormat { detail: String },
 
     #[error("the container holds no audio track")]
@@ -33,7 +33,7 @@ pub enum AudioError {
         min_duration_ms: u64,
     },
 
-    #[error("audio lasts at least {duration_s:.1} s, over the limit of {max_duration_s} s")]
+    #[error("audio lasts at least {duration_s:.1} s, over the limit of {max_duration_s} s (raise max_audio_duration_s, or split the recording)")]
     TooLong {
         duration_s: f64,
         max_duration_s: u64,

@@ -137,12 +137,13 @@ pub(crate) fn run(args: TranscribeArgs) -> anyhow::Result<()> {
     if format.needs_diarization() && !args.diarize {
         bail!("--format {format} needs --diarize");
     }
+    dispatcher::config::check_max_segment_s(args.max_segment_s)?;
     let settings = args.engine_settings();
     // Ids name results in a store; printed documents need none, so no model file is hashed.
     let id_of = |path: &Path| Some(path.display().to_string());
     let diarizer = match (args.diarize, &args.diar_model) {
         (false, _) => None,
-        (true, None) => bail!("--diarize needs --diar-model PATH (or DIAR_MODEL)"),
+        (true, None) => bail!("--diarize needs --diar-model PATH (or PARAKEET_DIAR_MODEL)"),
         (true, Some(path)) => Some(
             in_process::load_diarizer(args.engine, path, &settings, id_of(path))
                 .with_context(|| format!("loading diarization model {}", path.display()))?,
