@@ -59,3 +59,12 @@ pub fn matches_from(cmd: Command, args: Vec<OsString>) -> Result<ArgMatches, Cli
     let cmd = config_file::apply(cmd, &args)?;
     cmd.try_get_matches_from(args).map_err(CliError::Usage)
 }
+
+/// A clap value parser for a length of time in seconds that must be positive and finite
+/// (`--full-attention-max-s 1440`).
+pub fn positive_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("`{text}` is not a positive number of seconds")),
+    }
+}

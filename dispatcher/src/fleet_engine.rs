@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use engine::{EncoderPrecision, EngineKind, EngineSettings};
+use model_core::long_audio::{LongAudio, DEFAULT_FULL_ATTENTION_MAX_S};
 use model_core::speakers::SpeakerSegment;
 use model_core::transcript::Transcript;
 use worker_fleet::{Fleet, FleetError, FleetOptions, FleetTranscriber, WireErrorKind};
@@ -47,7 +48,7 @@ impl CudaPrecision {
 
 /// Which engine transcribes, and where: in this process, or in a fleet of `worker` processes
 /// when `--gpus` or `--cpu-instances` gives it a shape.
-#[derive(Debug, Clone, Default, clap::Args)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct EngineArgs {
     /// The engine: `cpu` (the f32 reference model), `onnx` (ONNX Runtime; needs
     /// `ORT_DYLIB_PATH`) or `cuda` (the native GPU engine; without a usable GPU this is an
@@ -61,11 +62,31 @@ pub struct EngineArgs {
     /// The CUDA engine's encoder storage, in process or in every fleet worker.
     #[arg(long, value_enum, default_value_t)]
     pub cuda_encoder_precision: CudaPrecision,
+    /// Utterances longer than this (seconds) run with local attention (128 encoder frames,
+    /// 10.24 s, each side) instead of the checkpoint's full attention: NeMo's long-audio
+    /// recipe. 1440 (24 minutes) is the model card's full-attention limit; every engine uses
+    /// the same value, so a transcript does not depend on the engine.
+    #[arg(long, default_value_t = DEFAULT_FULL_ATTENTION_MAX_S, value_parser = cli::positive_seconds)]
+    pub full_attention_max_s: f64,
     /// A fleet: how long to wait for the first worker to be ready.
     #[arg(long, default_value_t = 600)]
     pub fleet_ready_timeout_s: u64,
     #[command(flatten)]
     pub fleet: FleetOptions,
+}
+
+/// The command line's defaults (for callers that build the arguments in code).
+impl Default for EngineArgs {
+    fn default() -> Self {
+        Self {
+            engine: None,
+            cuda_device: 0,
+            cuda_encoder_precision: CudaPrecision::default(),
+            full_attention_max_s: DEFAULT_FULL_ATTENTION_MAX_S,
+            fleet_ready_timeout_s: 600,
+            fleet: FleetOptions::default(),
+        }
+    }
 }
 
 impl EngineArgs {
@@ -85,13 +106,19 @@ impl EngineArgs {
 
     /// The in-process engine's settings.
     pub fn engine_settings(&self, segments_per_call: usize) -> EngineSettings {
-        match self.engine() {
+        let settings = match self.engine() {
             EngineKind::Cpu | EngineKind::Onnx => EngineSettings::cpu(),
             EngineKind::Cuda => EngineSettings::gpu(
                 self.cuda_device,
                 self.cuda_encoder_precision.encoder(),
                 segments_per_call,
             ),
+        };
+        EngineSettings {
+            long_audio: LongAudio {
+                full_attention_max_s: self.full_attention_max_s,
+            },
+            ..settings
         }
     }
 }
@@ -159,6 +186,10 @@ fn load_fleet(
         None => None,
     };
     let mut fleet = args.fleet.clone();
+    fleet.worker_args.push(format!(
+        "--full-attention-max-s={}",
+        args.full_attention_max_s
+    ));
     if args.engine() == EngineKind::Cuda {
         fleet.worker_args.push(format!(
             "--cuda-encoder-precision={}",

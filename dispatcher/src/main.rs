@@ -72,7 +72,7 @@ fn main() -> ExitCode {
     let result = match parsed.command {
         Command::Transcribe(args) => done(commands::transcribe::run(args)),
         Command::Local(args) => commands::run::block_on(commands::local::run(args)),
-        Command::Run(args) => done(commands::run::block_on(commands::run::run(args))),
+        Command::Run(args) => commands::run::block_on(commands::run::run(args)),
         Command::Enqueue(args) => done(commands::run::block_on(commands::enqueue::run(args))),
         Command::Backfill(args) => done(commands::run::block_on(commands::backfill::run(args))),
         Command::Reconcile(args) => commands::run::block_on(commands::reconcile::run(args)),

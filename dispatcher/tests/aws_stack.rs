@@ -301,7 +301,7 @@ async fn deployed_stack_turns_an_upload_into_a_transcript() -> Result<()> {
                 .arg(&toml_path)
                 .arg("--model")
                 .arg(common::fixture_model_path())
-                .args(["--s3-force-path-style", "true", "--wait-time-s", "1"])
+                .args(["--s3-force-path-style", "--wait-time-s", "1"])
                 .args(["--metrics-flush-s", "1", "--receivers", "1"])
                 // The node's listener and metadata service, moved to this machine's loopback.
                 .args(["--metrics-listen", "127.0.0.1:0"])
@@ -317,7 +317,12 @@ async fn deployed_stack_turns_an_upload_into_a_transcript() -> Result<()> {
         .await
         .context("dispatcher did not exit within 90 s")???;
     let log_text = std::fs::read_to_string(&log).unwrap_or_default();
-    ensure!(status.success(), "dispatcher: {status}\n{log_text}");
+    // Exit status 3: the run worked through the queue and one job (the non-audio file) failed.
+    ensure!(status.code() == Some(3), "dispatcher: {status}\n{log_text}");
+    ensure!(
+        log_text.contains("audio-s/s") && log_text.contains("failed 1"),
+        "the closing report:\n{log_text}"
+    );
 
     // Results: the clip's manifest and transcript side by side, the non-audio file's failure
     // record, nothing else finished.

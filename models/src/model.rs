@@ -9,6 +9,7 @@ use crate::error::ModelError;
 use crate::features::{FeatureExtractor, Features};
 use crate::prediction::{CpuTransducer, Joint, PredictionNet};
 use model_core::config::ParakeetConfig;
+use model_core::long_audio::LongAudio;
 use model_core::tdt::{greedy_decode, EncodedUtterance};
 use model_core::transcript::Hypothesis;
 
@@ -22,6 +23,7 @@ pub struct ParakeetModel {
     encoder: Encoder,
     prediction: PredictionNet,
     joint: Joint,
+    long_audio: LongAudio,
 }
 
 impl ParakeetModel {
@@ -42,7 +44,14 @@ impl ParakeetModel {
             encoder: Encoder::load(tensors, &cfg.encoder)?,
             prediction: PredictionNet::load(tensors, &cfg.decoder)?,
             joint: Joint::load(tensors, &cfg.encoder, &cfg.decoder)?,
+            long_audio: LongAudio::default(),
         })
+    }
+
+    /// Where long utterances leave full attention (NeMo's 24 minutes by default).
+    pub fn with_long_audio(mut self, long_audio: LongAudio) -> Self {
+        self.long_audio = long_audio;
+        self
     }
 
     pub fn config(&self) -> &ParakeetConfig {
@@ -58,9 +67,12 @@ impl ParakeetModel {
         self.features.compute(pcm_16k)
     }
 
-    /// Encoder output `[T_enc, d_model]` of one utterance.
+    /// Encoder output `[T_enc, d_model]` of one utterance: full attention, or local attention
+    /// for an utterance longer than the [`LongAudio`] limit.
     pub fn encode(&self, features: &Features) -> Result<EncodedUtterance, ModelError> {
-        self.encoder.forward(features)
+        self.encoder.forward(features, |frames| {
+            self.long_audio.attention(&self.config, frames)
+        })
     }
 
     /// Batched greedy TDT decoding; each utterance keeps its own length.

@@ -32,12 +32,17 @@
 #            45/60 s clips: layouts single, timeslice4, mps2, mps4, mps8 (SLA_LAYOUTS), closed
 #            loop at SLA_CONCURRENCY, SLA_ROUNDS rounds of SLA_LEVEL_S s; writes sla.csv (plot it
 #            on the developer machine with the sla_plot example)
-#   api      the same sweep through the OpenAI-compatible HTTP API: `dispatcher serve --engine
-#            fleet --gpus 0` (API_SERVE_ARGS, default --instances-per-gpu 4) on 127.0.0.1:8000,
+#   api      the same sweep through the OpenAI-compatible HTTP API: `dispatcher serve --gpus 0`
+#            (API_SERVE_ARGS, default --instances-per-gpu 4) on 127.0.0.1:8000,
 #            each request a clip's WAV posted as OpenAI's client posts it (sla_sweep --layouts
 #            api, levels API_CONCURRENCY); writes api.csv
 #   api-backfill  the same while that server also works through the corpus as a backfill on
 #            the same fleet (--spool/--store/--input-dir); writes api-backfill.csv
+#   moto     the main job on SQS and S3: a moto_server on 127.0.0.1 (its wheels carried in
+#            .whl/moto/, from scripts/bench/moto_wheels.sh), the corpus uploaded to a bucket, one
+#            job per recording (`dispatcher backfill`), then `dispatcher run --gpus 0
+#            --exit-when-idle` and nothing else; run moto-default, beside `local` on the same
+#            corpus (run default) when that step runs too
 # Every run's host CPU is the user + system time of the dispatcher and everything it waited for
 # (its workers); its wall and audio-s/s come from the dispatcher's closing table, which times
 # from the fleet being ready (its start excluded) to the last job's end.
@@ -119,9 +124,13 @@ run() {
   nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits -lms 200 \
     > "$OUT/gpu-$name.csv" 2>/dev/null &
   local smi=$!
-  python3 - "$OUT" "$name" "$BIN/dispatcher" local --spool /tmp/spool --store /tmp/store \
-    --input-dir "$input" --model "$MODEL" --gpus 0 \
-    --runtime-dir "/tmp/fleet-$name" --progress-interval-s 5 "$@" <<'PY'
+  # RUN_COMMAND: another subcommand than `local` on INPUT_DIR (its words, split on spaces).
+  local command
+  # shellcheck disable=SC2206 # RUN_COMMAND is a list of words
+  command=(${RUN_COMMAND:-local --spool /tmp/spool --store /tmp/store --input-dir "$input" \
+    --progress-interval-s 5})
+  python3 - "$OUT" "$name" "$BIN/dispatcher" "${command[@]}" --model "$MODEL" --gpus 0 \
+    --runtime-dir "/tmp/fleet-$name" "$@" <<'PY'
 import json, os, re, resource, subprocess, sys, time
 out, name, cmd = sys.argv[1], sys.argv[2], sys.argv[3:]
 started = time.time()
@@ -260,6 +269,38 @@ api_sweep() {
 has api && api_sweep api
 has api-backfill && api_sweep api-backfill --spool /tmp/api-spool --store /tmp/api-store \
   --input-dir "$CORPUS"
+
+if has moto; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/moto-site .whl/moto/*.whl || exit 1
+  MOTO_PORT=5055
+  PYTHONPATH=/tmp/moto-site python3 -m moto.server -H 127.0.0.1 -p $MOTO_PORT > "$OUT/moto.log" 2>&1 &
+  moto_pid=$!
+  until curl -sf -o /dev/null "http://127.0.0.1:$MOTO_PORT/moto-api/"; do sleep 0.2; done
+  export AWS_ENDPOINT_URL=http://127.0.0.1:$MOTO_PORT AWS_ACCESS_KEY_ID=bench \
+    AWS_SECRET_ACCESS_KEY=bench AWS_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
+  # The corpus into s3://bench-in/corpus/ (16 threads), the queue, then one job per recording.
+  queue_url=$(PYTHONPATH=/tmp/moto-site python3 - "$CORPUS" <<'PY'
+import os, sys, boto3
+from concurrent.futures import ThreadPoolExecutor
+root = sys.argv[1]
+s3 = boto3.client("s3")
+for b in ("bench-in", "bench-out"):
+    s3.create_bucket(Bucket=b)
+files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
+def put(path):
+    s3.upload_file(path, "bench-in", "corpus/" + os.path.relpath(path, root))
+with ThreadPoolExecutor(16) as pool:
+    list(pool.map(put, files))
+print(boto3.client("sqs").create_queue(QueueName="bench-jobs")["QueueUrl"])
+PY
+)
+  echo "moto: queue $queue_url"
+  "$BIN/dispatcher" backfill s3://bench-in/corpus/ --queue-url "$queue_url" \
+    --output-uri s3://bench-out/results/ --model "$MODEL" --s3-force-path-style 2>&1 | tail -2
+  RUN_COMMAND="run --queue-url $queue_url --output-uri s3://bench-out/results/ \
+    --s3-force-path-style --exit-when-idle" run moto-default "$CORPUS"
+  kill "$moto_pid"; wait "$moto_pid" 2>/dev/null
+fi
 
 if [ -n "${TARBALL:-}" ]; then
   tar czf "$TARBALL" -C "$(dirname "$OUT")" "$(basename "$OUT")"

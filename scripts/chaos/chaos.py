@@ -222,7 +222,7 @@ def main():
 
     cmd = [args.dispatcher, "run", "--queue-url", queue.replace(str(moto_port), str(proxy_port)),
            "--output-uri", "s3://chaos-out/results/", "--model", MODEL,
-           "--s3-force-path-style", "true", "--wait-time-s", "2", "--visibility-timeout-s", "20",
+           "--s3-force-path-style", "--wait-time-s", "2", "--visibility-timeout-s", "20",
            "--drain-grace-s", "10", "--max-retry-delay-s", "5"]
     proxied_env = dict(env, AWS_ENDPOINT_URL=f"http://127.0.0.1:{proxy_port}")
     procs, starts = {}, 0

@@ -13,6 +13,7 @@ use engine::cuda::CudaSettings;
 use engine::cuda_diarizer::CudaDiarSettings;
 use engine::onnx::OnnxProvider;
 use engine::{EngineKind, EngineSettings, OnnxSettings};
+use model_core::long_audio::{LongAudio, DEFAULT_FULL_ATTENTION_MAX_S};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -84,6 +85,12 @@ pub struct ServeArgs {
     /// sooner per batch, one core busy per worker while its GPU works).
     #[arg(long, value_enum, default_value = "block")]
     pub cuda_sync: CudaSyncArg,
+    /// Utterances longer than this (seconds) run with local attention (128 encoder frames,
+    /// 10.24 s, each side) instead of the checkpoint's full attention: NeMo's long-audio
+    /// recipe. 1440 (24 minutes) is the model card's full-attention limit; every engine uses
+    /// the same value, so a transcript does not depend on the engine.
+    #[arg(long, default_value_t = DEFAULT_FULL_ATTENTION_MAX_S, value_parser = cli::positive_seconds)]
+    pub full_attention_max_s: f64,
     /// The CUDA engine's encoder storage: `bf16` (fast) or `f32` (NeMo's fp32 results, about
     /// twice the weight memory).
     #[arg(long, value_enum, default_value = "bf16")]
@@ -176,6 +183,9 @@ impl TaskArg {
 impl ServeArgs {
     pub fn engine_settings(&self) -> EngineSettings {
         EngineSettings {
+            long_audio: LongAudio {
+                full_attention_max_s: self.full_attention_max_s,
+            },
             onnx: OnnxSettings {
                 provider: self.onnx_provider,
                 device_id: self.cuda_device as i32,

@@ -118,14 +118,7 @@ pub(crate) async fn run(args: LocalArgs) -> anyhow::Result<ExitCode> {
     ));
     let started = Instant::now();
     let summary = run_until_signal(consumer.clone(), CancellationToken::new()).await?;
-    // Up to the last job's end: the empty receive that ends an idle run is not work.
-    let wall_s = consumer
-        .last_finished()
-        .map_or_else(
-            || started.elapsed(),
-            |t| t.saturating_duration_since(started),
-        )
-        .as_secs_f64();
+    let wall_s = super::summary::wall_s(&consumer, started);
     watching.cancel();
     let progress = watcher.await?;
     let totals = metrics.metrics.clone();
@@ -135,7 +128,7 @@ pub(crate) async fn run(args: LocalArgs) -> anyhow::Result<ExitCode> {
         snapshot(&consumer, &totals),
         Duration::from_secs_f64(wall_s),
     );
-    eprint!("{}", stage_table(&totals, wall_s));
+    eprint!("{}", super::summary::stage_table(&totals, wall_s));
     let counts = spool.counts()?;
     eprintln!(
         "done {} · already done {} · failed {} · ignored {} · unreadable {} · released {} · \
@@ -191,30 +184,6 @@ fn snapshot(consumer: &Consumer, metrics: &Metrics) -> Snapshot {
         failed: summary.failed,
         audio_s,
     }
-}
-
-/// Where the time went, per pipeline stage: jobs, total seconds (summed over jobs running at
-/// the same time, so stages can exceed the wall time) and the mean per job. The wall runs from
-/// the consumer's start (the engine is ready by then) to the last job's end.
-fn stage_table(metrics: &Metrics, wall_s: f64) -> String {
-    let registry = metrics.registry();
-    let registry = registry.lock().unwrap_or_else(|p| p.into_inner());
-    let audio_s = registry.audio_seconds_total();
-    let mut out = format!(
-        "wall {wall_s:.2} s · audio {audio_s:.1} s · {:.0} audio-s/s\n",
-        if wall_s > 0.0 { audio_s / wall_s } else { 0.0 }
-    );
-    for (stage, count, sum) in registry.stage_totals() {
-        if count == 0 {
-            continue;
-        }
-        out.push_str(&format!(
-            "stage {:<12} {count:>7} jobs {sum:>10.2} s total {:>9.2} ms mean\n",
-            stage.label(),
-            1000.0 * sum / count as f64
-        ));
-    }
-    out
 }
 
 /// Copies every visible file under `dir` into the store and enqueues one job per file.

@@ -9,6 +9,7 @@ pub(crate) mod progress;
 pub(crate) mod reconcile;
 pub(crate) mod run;
 pub(crate) mod serve;
+pub(crate) mod summary;
 pub(crate) mod targets;
 
 /// Exit status of a command that worked but left some jobs failed or inputs without a result

@@ -1,7 +1,8 @@
 //! `dispatcher run`: consume SQS, read inputs from S3, write results to S3.
 
+use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use dispatcher::app::{self, MetricsRuntime};
@@ -17,7 +18,9 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct RunArgs {
-    /// Exit once the queue is empty and nothing is in flight (batch runs, tests).
+    /// Exit once the queue is empty and nothing is in flight (batch runs, tests), with the
+    /// closing report `local` prints (wall time, audio, stages) and exit status 3 when any job
+    /// failed.
     #[arg(long)]
     pub(crate) exit_when_idle: bool,
     #[command(flatten)]
@@ -26,7 +29,7 @@ pub(crate) struct RunArgs {
     pub(crate) engine: dispatcher::fleet_engine::EngineArgs,
 }
 
-pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
+pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let settings = args.settings.resolve()?;
     let queue_url = settings
         .queue_url
@@ -75,19 +78,43 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
             every,
         ))
     });
-    let summary = run_until_signal(consumer, stop.clone()).await?;
+    let started = Instant::now();
+    let summary = run_until_signal(consumer.clone(), stop.clone()).await?;
+    let wall_s = super::summary::wall_s(&consumer, started);
     stop.cancel();
     if let Some(watcher) = watcher {
         if let Ok(Some(notice)) = watcher.await {
             tracing::info!(?notice, "drained for an interruption notice");
         }
     }
+    let totals = metrics.metrics.clone();
+    // Shutting down folds the last events into the totals.
     metrics.shutdown().await;
     tracing::info!(?summary, "stopped");
     if summary.infrastructure_stop {
         anyhow::bail!("stopped after an infrastructure error (see log)");
     }
-    Ok(())
+    if !args.exit_when_idle {
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprint!("{}", super::summary::stage_table(&totals, wall_s));
+    eprintln!(
+        "done {} · already done {} · failed {} · ignored {} · unreadable {} · released {}",
+        summary.done,
+        summary.already_done,
+        summary.failed,
+        summary.ignored,
+        summary.bad_messages,
+        summary.released,
+    );
+    if summary.failed > 0 {
+        eprintln!(
+            "{} jobs failed: each has a failure record (failure.json) under its output prefix",
+            summary.failed
+        );
+        return Ok(ExitCode::from(super::EXIT_PARTIAL));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Runs an async subcommand on a multi-threaded runtime.

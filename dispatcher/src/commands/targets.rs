@@ -80,7 +80,7 @@ pub(crate) struct BackendArgs {
     /// Local mode: store directory instead of S3.
     #[arg(long)]
     pub(crate) store: Option<PathBuf>,
-    /// Path-style S3 addressing (S3-compatible stores).
+    /// Use path-style S3 URLs (for S3-compatible stores such as MinIO or moto).
     #[arg(long)]
     pub(crate) s3_force_path_style: bool,
 }

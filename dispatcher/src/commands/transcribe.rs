@@ -25,6 +25,7 @@ use dispatcher::recording::{transcribe_recording, RecordingResult};
 use dispatcher::transcriber::Capacity;
 use dispatcher::transcriber::{Priority, Transcriber};
 use engine::{EngineKind, EngineSettings};
+use model_core::long_audio::{LongAudio, DEFAULT_FULL_ATTENTION_MAX_S};
 use model_core::render::{render, OutputFormat, RenderOptions};
 
 #[derive(Debug, clap::Args)]
@@ -52,6 +53,12 @@ pub(crate) struct TranscribeArgs {
     /// The CUDA engine's encoder storage.
     #[arg(long, value_enum, default_value_t)]
     pub(crate) cuda_encoder_precision: CudaPrecision,
+    /// Utterances longer than this (seconds) run with local attention (128 encoder frames,
+    /// 10.24 s, each side) instead of the checkpoint's full attention: NeMo's long-audio
+    /// recipe. 1440 (24 minutes) is the model card's full-attention limit; every engine uses
+    /// the same value, so a transcript does not depend on the engine.
+    #[arg(long, default_value_t = DEFAULT_FULL_ATTENTION_MAX_S, value_parser = cli::positive_seconds)]
+    pub(crate) full_attention_max_s: f64,
     /// Write `<DIR>/<file stem>.<ext>` per input instead of printing to stdout.
     #[arg(long, value_name = "DIR")]
     pub(crate) out: Option<PathBuf>,
@@ -72,13 +79,19 @@ pub(crate) struct TranscribeArgs {
 
 impl TranscribeArgs {
     fn engine_settings(&self) -> EngineSettings {
-        match self.engine {
+        let settings = match self.engine {
             EngineKind::Cpu | EngineKind::Onnx => EngineSettings::cpu(),
             EngineKind::Cuda => EngineSettings::gpu(
                 self.cuda_device,
                 self.cuda_encoder_precision.encoder(),
                 self.segments_per_call,
             ),
+        };
+        EngineSettings {
+            long_audio: LongAudio {
+                full_attention_max_s: self.full_attention_max_s,
+            },
+            ..settings
         }
     }
 }

@@ -238,7 +238,6 @@ impl Backend {
                 "--output-uri".into(),
                 self.output.uri(),
                 "--s3-force-path-style".into(),
-                "true".into(),
             ],
         }
     }

@@ -7,6 +7,7 @@ pub mod config;
 pub mod detokenize;
 pub mod encoder;
 pub mod error;
+pub mod long_audio;
 pub mod render;
 pub mod speakers;
 pub mod tdt;

@@ -23,7 +23,6 @@ const QUERY_BLOCK: usize = 256;
 pub(crate) struct RelPosAttention {
     n_heads: usize,
     d_k: usize,
-    model: AttentionModel,
     linear_q: Linear,
     linear_k: Linear,
     linear_v: Linear,
@@ -76,7 +75,6 @@ impl RelPosAttention {
         Ok(Self {
             n_heads: cfg.n_heads,
             d_k,
-            model: cfg.attention,
             linear_q: linear("linear_q", bias)?,
             linear_k: linear("linear_k", bias)?,
             linear_v: linear("linear_v", bias)?,
@@ -87,9 +85,15 @@ impl RelPosAttention {
         })
     }
 
-    /// `x` is `[t, d_model]`; `pos_emb` is the position table for this attention model
-    /// (`2t−1` rows for full attention, `left+right+1` for local). Returns `[t, d_model]`.
-    pub(crate) fn forward(&self, x: &[f32], t: usize, pos_emb: &[f32]) -> Vec<f32> {
+    /// `x` is `[t, d_model]`; `pos_emb` is the position table of `model` (`2t−1` rows for full
+    /// attention, `left+right+1` for local). Returns `[t, d_model]`.
+    pub(crate) fn forward(
+        &self,
+        x: &[f32],
+        t: usize,
+        model: AttentionModel,
+        pos_emb: &[f32],
+    ) -> Vec<f32> {
         let d = self.n_heads * self.d_k;
         let n_pos = pos_emb.len() / d;
         let q = self.linear_q.forward(x, t);
@@ -100,7 +104,7 @@ impl RelPosAttention {
         let mut context = vec![0.0; t * d];
         for h in 0..self.n_heads {
             let head = self.split_head(h, &q, &k, &v, &p, t, n_pos);
-            let out = self.head_context(&head, t);
+            let out = self.head_context(&head, t, model);
             for (i, row) in out.chunks_exact(self.d_k).enumerate() {
                 context[i * d + h * self.d_k..i * d + (h + 1) * self.d_k].copy_from_slice(row);
             }
@@ -148,7 +152,7 @@ impl RelPosAttention {
     }
 
     /// Attention output of one head, `[t, d_k]`.
-    fn head_context(&self, head: &Head, t: usize) -> Vec<f32> {
+    fn head_context(&self, head: &Head, t: usize, model: AttentionModel) -> Vec<f32> {
         let dk = self.d_k;
         let scale = (dk as f32).sqrt();
         let mut out = vec![0.0; t * dk];
@@ -159,7 +163,7 @@ impl RelPosAttention {
             let q_u = &head.q_u[i0 * dk..i1 * dk];
             let q_v = &head.q_v[i0 * dk..i1 * dk];
             // Key range this block can see.
-            let (lo, hi) = match self.model {
+            let (lo, hi) = match model {
                 AttentionModel::RelPos => (0, t),
                 AttentionModel::RelPosLocal { left, right } => {
                     (i0.saturating_sub(left), (i1 + right).min(t))
@@ -170,7 +174,7 @@ impl RelPosAttention {
             matmul_bt(q_u, rows, dk, &head.k[lo * dk..hi * dk], n_keys, &mut ac);
 
             let mut probs = vec![0.0; rows * n_keys];
-            match self.model {
+            match model {
                 AttentionModel::RelPos => {
                     // Positions needed by this block: table rows t−i1 .. t−i1+rows+t−1.
                     let r0 = t - i1;

@@ -4,7 +4,7 @@
 use crate::checkpoint::TensorMap;
 use crate::error::ModelError;
 use crate::linalg::{add_scaled, load_vector, sigmoid, silu_in_place, Bias, LayerNorm, Linear};
-use model_core::config::EncoderConfig;
+use model_core::config::{AttentionModel, EncoderConfig};
 
 use super::attention::RelPosAttention;
 
@@ -179,15 +179,21 @@ impl ConformerLayer {
         })
     }
 
-    /// `x` is `[t, d_model]`, updated in place.
-    pub(crate) fn forward(&self, x: &mut Vec<f32>, t: usize, pos_emb: &[f32]) {
+    /// `x` is `[t, d_model]`, updated in place; `pos_emb` is `attention`'s position table.
+    pub(crate) fn forward(
+        &self,
+        x: &mut Vec<f32>,
+        t: usize,
+        attention: AttentionModel,
+        pos_emb: &[f32],
+    ) {
         let h = self
             .feed_forward1
             .forward(&self.norm_feed_forward1.forward(x), t);
         add_scaled(x, &h, FF_RESIDUAL_SCALE);
         let h = self
             .self_attn
-            .forward(&self.norm_self_att.forward(x), t, pos_emb);
+            .forward(&self.norm_self_att.forward(x), t, attention, pos_emb);
         add_scaled(x, &h, 1.0);
         let h = self.conv.forward(&self.norm_conv.forward(x), t);
         add_scaled(x, &h, 1.0);

@@ -50,7 +50,13 @@ impl Encoder {
         })
     }
 
-    pub(crate) fn forward(&self, features: &Features) -> Result<EncodedUtterance, ModelError> {
+    /// The encoder on one utterance, with the attention `attention_for` picks for its number
+    /// of encoder frames (the checkpoint's own, or local attention for a long recording).
+    pub(crate) fn forward(
+        &self,
+        features: &Features,
+        attention_for: impl Fn(usize) -> AttentionModel,
+    ) -> Result<EncodedUtterance, ModelError> {
         let d = self.cfg.d_model;
         if features.n_mels != self.cfg.feat_in
             || features.data.len() != features.n_mels * features.n_frames
@@ -71,7 +77,7 @@ impl Encoder {
             });
         }
         let (x, t) = self.pre_encode_frames(features);
-        let x = self.forward_pre_encoded(x, t);
+        let x = self.forward_pre_encoded_with(x, t, attention_for(t));
         Ok(EncodedUtterance {
             frames: t,
             dim: d,
@@ -87,8 +93,20 @@ impl Encoder {
     }
 
     /// Everything after subsampling (NeMo `bypass_pre_encode=True`): x-scaling, positions and
-    /// the conformer layers on `[t, d_model]` pre-encoded embeddings.
-    pub(crate) fn forward_pre_encoded(&self, mut x: Vec<f32>, t: usize) -> Vec<f32> {
+    /// the conformer layers on `[t, d_model]` pre-encoded embeddings, with the checkpoint's
+    /// attention.
+    pub(crate) fn forward_pre_encoded(&self, x: Vec<f32>, t: usize) -> Vec<f32> {
+        self.forward_pre_encoded_with(x, t, self.cfg.attention)
+    }
+
+    /// [`Self::forward_pre_encoded`] with `attention` (the same weights, as NeMo's
+    /// `change_attention_model` uses them).
+    fn forward_pre_encoded_with(
+        &self,
+        mut x: Vec<f32>,
+        t: usize,
+        attention: AttentionModel,
+    ) -> Vec<f32> {
         let d = self.cfg.d_model;
         debug_assert_eq!(x.len(), t * d, "pre-encoded shape (bug)");
         if self.cfg.xscaling {
@@ -97,16 +115,16 @@ impl Encoder {
                 *v *= scale;
             }
         }
-        let relative;
+        let computed;
         let pos_emb: &[f32] = match &self.local_pos_emb {
-            Some(table) => table,
-            None => {
-                relative = position_table(AttentionModel::RelPos, t, d);
-                &relative
+            Some(table) if attention == self.cfg.attention => table,
+            _ => {
+                computed = position_table(attention, t, d);
+                &computed
             }
         };
         for layer in &self.layers {
-            layer.forward(&mut x, t, pos_emb);
+            layer.forward(&mut x, t, attention, pos_emb);
         }
         x
     }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use model_core::config::ParakeetConfig;
+use model_core::long_audio::LongAudio;
 use model_core::tdt::EncodedUtterance;
 use model_core::transcript::Hypothesis;
 use models::checkpoint::Checkpoint;
@@ -127,10 +128,12 @@ impl GpuParakeet {
         ckpt: &Checkpoint,
         precision: EncoderPrecision,
     ) -> Result<Self> {
-        let encoder = match precision {
+        let mut encoder = match precision {
             EncoderPrecision::Bf16 => Encoder::Bf16(GpuEncoder::from_checkpoint(&engine, ckpt)?),
             EncoderPrecision::F32 => Encoder::F32(GpuEncoder::from_checkpoint(&engine, ckpt)?),
         };
+        let frame_s = ckpt.config.seconds_per_encoder_frame();
+        with_encoder!(&mut encoder, e => e.set_long_audio(LongAudio::default(), frame_s));
         // One validated extractor: the host path itself, and the GPU path's config and arrays.
         let host_features = FeatureExtractor::from_checkpoint(ckpt)?;
         Ok(Self {
@@ -200,6 +203,13 @@ impl GpuParakeet {
         } else {
             WeightSharing::Imported { bytes }
         })
+    }
+
+    /// Where long utterances leave full attention (NeMo's 24 minutes by default; see
+    /// [`GpuEncoder::set_long_audio`]); call before `warm_up`.
+    pub fn set_long_audio(&mut self, long_audio: LongAudio) {
+        let frame_s = self.config.seconds_per_encoder_frame();
+        with_encoder!(&mut self.encoder, e => e.set_long_audio(long_audio, frame_s));
     }
 
     /// Allows (default) or forbids the fused attention kernel (see

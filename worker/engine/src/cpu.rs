@@ -2,6 +2,7 @@
 
 use std::path::Path;
 
+use model_core::long_audio::LongAudio;
 use model_core::speakers::SpeakerSegment;
 use model_core::transcript::Hypothesis;
 use models::sortformer::SortformerModel;
@@ -31,9 +32,12 @@ fn load_from<M>(
 }
 
 impl CpuBackend {
-    pub fn load(path: &Path) -> Result<Self, EngineError> {
+    pub fn load(path: &Path, long_audio: LongAudio) -> Result<Self, EngineError> {
         let (model, path) = load_from(path, ParakeetModel::load)?;
-        Ok(Self { model, path })
+        Ok(Self {
+            model: model.with_long_audio(long_audio),
+            path,
+        })
     }
 }
 

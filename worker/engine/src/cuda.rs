@@ -7,6 +7,7 @@ use cuda_engine::{
     CudaSlice, DeviceProbe, EncoderPrecision, FeatureLocation, GpuParakeet, WeightShare,
     WeightSharing,
 };
+use model_core::long_audio::LongAudio;
 use model_core::transcript::Hypothesis;
 use worker_protocol::{DeviceReport, EngineKind, ModelInfo, MpsReport};
 
@@ -63,9 +64,14 @@ pub struct CudaBackend {
 }
 
 impl CudaBackend {
-    pub fn load(path: &Path, settings: CudaSettings) -> Result<Self, EngineError> {
+    pub fn load(
+        path: &Path,
+        settings: CudaSettings,
+        long_audio: LongAudio,
+    ) -> Result<Self, EngineError> {
         let mut model = GpuParakeet::load_with(path, settings.device, settings.precision)
             .map_err(EngineError::Cuda)?;
+        model.set_long_audio(long_audio);
         if settings.blocking_sync {
             model
                 .engine()

@@ -18,6 +18,18 @@ pub enum EngineError {
     Inference(#[source] models::ModelError),
     #[error("CUDA engine: {0}")]
     Cuda(#[source] cuda_engine::CudaEngineError),
+    /// An utterance the engine would have to run with local attention, which it cannot.
+    #[error(
+        "a {seconds:.0} s utterance is over full_attention_max_s ({full_attention_max_s} s), \
+         beyond which NeMo switches to local attention, and the {engine} engine cannot (its \
+         export fixes the attention): use the cpu or cuda engine, or cut recordings with \
+         max_segment_s"
+    )]
+    LocalAttentionUnsupported {
+        engine: &'static str,
+        seconds: f64,
+        full_attention_max_s: f64,
+    },
     #[error("engine returned {got} hypotheses for a batch of {expected} (bug)")]
     Contract { expected: usize, got: usize },
 }

@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use cuda_engine::EncoderPrecision;
+use model_core::long_audio::LongAudio;
 use worker_protocol::EngineKind;
 
 use crate::cpu::{CpuBackend, CpuDiarizer};
@@ -19,6 +20,8 @@ pub struct EngineSettings {
     pub onnx: OnnxSettings,
     pub cuda: CudaSettings,
     pub cuda_diarizer: CudaDiarSettings,
+    /// Where a long utterance leaves full attention (every transcription engine alike).
+    pub long_audio: LongAudio,
 }
 
 impl EngineSettings {
@@ -35,6 +38,7 @@ impl EngineSettings {
                 device,
                 precision: EncoderPrecision::F32,
             },
+            long_audio: LongAudio::default(),
         }
     }
 
@@ -65,13 +69,18 @@ pub fn load(
     settings: &EngineSettings,
 ) -> Result<Box<dyn Engine>, EngineError> {
     Ok(match kind {
-        EngineKind::Cpu => Box::new(CpuBackend::load(model)?),
+        EngineKind::Cpu => Box::new(CpuBackend::load(model, settings.long_audio)?),
         EngineKind::Onnx => Box::new(OnnxBackend::load(
             model,
             settings.onnx.provider,
             settings.onnx.device_id,
+            settings.long_audio,
         )?),
-        EngineKind::Cuda => Box::new(CudaBackend::load(model, settings.cuda.clone())?),
+        EngineKind::Cuda => Box::new(CudaBackend::load(
+            model,
+            settings.cuda.clone(),
+            settings.long_audio,
+        )?),
     })
 }
 

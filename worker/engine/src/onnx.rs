@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use clap::ValueEnum;
+use model_core::long_audio::LongAudio;
 use model_core::transcript::Hypothesis;
 use models::onnx::{ExecutionProvider, OnnxModel, OnnxOptions};
 use worker_protocol::{EngineKind, ModelInfo};
@@ -36,11 +37,17 @@ impl OnnxProvider {
 pub struct OnnxBackend {
     model: OnnxModel,
     path: String,
+    long_audio: LongAudio,
 }
 
 impl OnnxBackend {
     /// `dir`: an ONNX export directory (NeMo/onnx-asr or sherpa layout).
-    pub fn load(dir: &Path, provider: OnnxProvider, device_id: i32) -> Result<Self, EngineError> {
+    pub fn load(
+        dir: &Path,
+        provider: OnnxProvider,
+        device_id: i32,
+        long_audio: LongAudio,
+    ) -> Result<Self, EngineError> {
         let options = OnnxOptions {
             execution_provider: provider.execution_provider(device_id),
             ..OnnxOptions::default()
@@ -52,6 +59,7 @@ impl OnnxBackend {
         Ok(Self {
             model,
             path: dir.display().to_string(),
+            long_audio,
         })
     }
 
@@ -83,6 +91,15 @@ impl Engine for OnnxBackend {
     }
 
     fn transcribe(&mut self, batch: &[&[f32]]) -> Result<Vec<Hypothesis>, EngineError> {
+        let rate = f64::from(self.hop_and_rate().1);
+        let limit = self.long_audio.full_attention_max_s;
+        if let Some(clip) = batch.iter().find(|c| c.len() as f64 / rate > limit) {
+            return Err(EngineError::LocalAttentionUnsupported {
+                engine: EngineKind::Onnx.name(),
+                seconds: clip.len() as f64 / rate,
+                full_attention_max_s: limit,
+            });
+        }
         let hyps = self
             .model
             .transcribe_batch(batch)

@@ -70,7 +70,6 @@ struct SelfAttention<S> {
     out: DeviceLinear<S>,
     pos_bias_u: CudaSlice<f32>,
     pos_bias_v: CudaSlice<f32>,
-    attention: AttentionModel,
 }
 
 impl<S: Storage> SelfAttention<S> {
@@ -140,7 +139,6 @@ impl<S: Storage> SelfAttention<S> {
             )?,
             pos_bias_u: pos_bias("pos_bias_u")?,
             pos_bias_v: pos_bias("pos_bias_v")?,
-            attention: cfg.attention,
         })
     }
 
@@ -201,7 +199,7 @@ impl<S: Storage> SelfAttention<S> {
             &mut ws.scores_bd,
         )?;
         let score_rows = ScoreRows::aligned(&shape, positions);
-        match self.attention {
+        match ws.attention {
             AttentionModel::RelPos => engine.rel_pos_softmax(
                 &ws.scores_ac,
                 &ws.scores_bd,

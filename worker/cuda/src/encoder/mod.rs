@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cudarc::driver::CudaSlice;
 use model_core::config::{AttentionModel, EncoderConfig};
+use model_core::long_audio::LongAudio;
 use model_core::tdt::EncodedUtterance;
 use models::checkpoint::{Checkpoint, TensorMap};
 use models::features::Features;
@@ -48,6 +49,9 @@ pub struct GpuEncoder<S = bf16> {
     /// Whether full relative-position attention may run as the one fused kernel (bf16, head
     /// dim 128, compute capability 8.0+); otherwise the unfused products and softmax.
     fused_attention: bool,
+    /// Where a long utterance leaves full attention, and seconds per encoder frame; `None`:
+    /// always the checkpoint's attention (Sortformer's encoder).
+    long_audio: Option<(LongAudio, f64)>,
 }
 
 /// Each of the two subsampling scratch buffers holds the first stage's output (conv0's, 4x
@@ -131,6 +135,7 @@ impl<S: Storage> GpuEncoder<S> {
             pre_encode_workspace: Mutex::new(None),
             subsampling_scratch_bytes: DEFAULT_SUBSAMPLING_SCRATCH_BYTES,
             fused_attention: true,
+            long_audio: None,
         })
     }
 
@@ -171,10 +176,36 @@ impl<S: Storage> GpuEncoder<S> {
             .unwrap_or_else(PoisonError::into_inner) = None;
     }
 
-    /// Whether a pass of `shape` runs the fused attention kernel.
-    fn fuses_attention(&self, engine: &CudaEngine, shape: &HeadShape) -> bool {
+    /// Long utterances (over `long_audio`'s limit; `frame_s` seconds per encoder frame) run
+    /// with local attention, as NeMo's long-audio recipe does. Takes effect at the next
+    /// workspace.
+    pub fn set_long_audio(&mut self, long_audio: LongAudio, frame_s: f64) {
+        self.long_audio = Some((long_audio, frame_s));
+        *self
+            .workspace
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// The attention of a pass over `time` encoder frames.
+    fn attention(&self, time: usize) -> AttentionModel {
+        match self.long_audio {
+            Some((policy, frame_s)) => {
+                policy.attention_for(self.cfg.attention, time as f64 * frame_s)
+            }
+            None => self.cfg.attention,
+        }
+    }
+
+    /// Whether a pass of `shape` with `attention` runs the fused attention kernel.
+    fn fuses_attention(
+        &self,
+        engine: &CudaEngine,
+        shape: &HeadShape,
+        attention: AttentionModel,
+    ) -> bool {
         self.fused_attention
-            && matches!(self.cfg.attention, AttentionModel::RelPos)
+            && matches!(attention, AttentionModel::RelPos)
             && engine.supports_fused_attention::<S>(shape)
     }
 
@@ -275,8 +306,8 @@ impl<S: Storage> GpuEncoder<S> {
                 frames: input.time,
                 subsampling_group: group,
             },
-            attention: self.cfg.attention,
-            fused_attention: self.fuses_attention(engine, &shape),
+            attention: self.attention(shape.time),
+            fused_attention: self.fuses_attention(engine, &shape, self.attention(shape.time)),
             shape,
             ff_hidden: self.cfg.ff_hidden,
             subsampling_elements: self.subsampling.scratch_elements(group, input.time),
@@ -500,8 +531,12 @@ impl<S: Storage> GpuEncoder<S> {
         };
         let size = WorkspaceSize {
             key: WorkspaceKey::PreEncoded { batch: 1, frames },
-            attention: self.cfg.attention,
-            fused_attention: self.fuses_attention(engine, &pre_encoded_shape),
+            attention: self.attention(frames),
+            fused_attention: self.fuses_attention(
+                engine,
+                &pre_encoded_shape,
+                self.attention(frames),
+            ),
             shape: pre_encoded_shape,
             ff_hidden: self.cfg.ff_hidden,
             subsampling_elements: 1,

@@ -68,6 +68,8 @@ pub(crate) struct Workspace<S> {
     pub(crate) lengths: CudaSlice<i32>,
     /// Attention runs as the one fused kernel: the score buffers above are then one element.
     pub(crate) fused_attention: bool,
+    /// The attention of passes on this workspace (the position table above is its table).
+    pub(crate) attention: AttentionModel,
 }
 
 /// What a workspace is sized from.
@@ -124,6 +126,7 @@ impl<S: Storage> Workspace<S> {
             conv_out: engine.zeros(n)?,
             lengths: engine.zeros(shape.batch)?,
             fused_attention: size.fused_attention,
+            attention: size.attention,
         })
     }
 }
