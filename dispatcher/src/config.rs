@@ -65,9 +65,12 @@ settings! {
         max_input_bytes: u64 = 2 << 30;
         /// Recordings longer than this are refused (seconds).
         max_audio_duration_s: u64 = 4 * 3600;
-        /// Longest segment handed to the model (seconds); long recordings are cut at quiet
-        /// points into segments no longer than this.
-        max_segment_s: f64 = 30.0;
+        /// Longest piece of audio given to the model at once (seconds); longer recordings are
+        /// cut at quiet points into pieces no longer than this. The default, full attention's 24
+        /// minutes, runs every recording up to that length in one pass, as NeMo's transcribe() does;
+        /// raise it to run longer ones in one pass too (local attention beyond
+        /// `full_attention_max_s`), or lower it to 30 for the short pieces that batch best.
+        max_segment_s: f64 = model_core::long_audio::DEFAULT_FULL_ATTENTION_MAX_S;
         /// Retries of a transient store error inside one job.
         retry_max: usize = 4;
         /// Longest delay before a transiently failed message is retried (seconds).
@@ -226,7 +229,8 @@ mod tests {
                 .map(|(_, v)| v.as_str())
         };
         assert_eq!(get("visibility_timeout_s"), Some("300"));
-        assert_eq!(get("max_segment_s"), Some("30"));
-        assert_eq!(defaults.len(), 13);
+        assert_eq!(get("max_segment_s"), Some("1440"));
+        assert_eq!(get("max_input_bytes"), Some("2147483648"), "typed as u64, not i32");
+        assert_eq!(get("s3_force_path_style"), None, "a flag, off unless given");
     }
 }

@@ -65,9 +65,12 @@ pub(crate) struct TranscribeArgs {
     /// `language` written into verbose_json (e.g. `english`); omitted when not given.
     #[arg(long)]
     pub(crate) language: Option<String>,
-    /// Longest piece of audio given to the model at once (seconds); longer files are cut at
-    /// quiet points.
-    #[arg(long, default_value_t = 30.0)]
+    /// Longest piece of audio given to the model at once (seconds); longer recordings are
+    /// cut at quiet points into pieces no longer than this. The default, full attention's 24
+    /// minutes, runs every recording up to that length in one pass, as NeMo's transcribe() does;
+    /// raise it to run longer ones in one pass too (local attention beyond
+    /// `full_attention_max_s`), or lower it to 30 for the short pieces that batch best.
+    #[arg(long, default_value_t = DEFAULT_FULL_ATTENTION_MAX_S)]
     pub(crate) max_segment_s: f64,
     /// Segments transcribed together in one batch.
     #[arg(long, default_value_t = Capacity::ONE_CALL_AT_A_TIME.segments_per_call)]
