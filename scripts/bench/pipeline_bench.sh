@@ -18,6 +18,7 @@
 #            16 kHz versions of the same clips: the ceiling
 #   default  `dispatcher local --gpus 0` and nothing else (the defaults)
 #   cut30    the whole mix with --max-segment-s 30 (the default before one pass per recording)
+#   graph60  the whole mix with the workers' decoder graphs captured up to 60 s segments
 #   before   the settings the main job had before sizing (4 workers, 4 jobs in flight, one in
 #            inference, 8 segments per call, spinning GPU waits), for comparison
 #   single   --instances-per-gpu 1 (one worker, MPS at 100 %)
@@ -189,6 +190,8 @@ PY
 has default && run default "$CORPUS"
 # The old default beside it: recordings cut at quiet points into pieces of at most 30 s.
 has cut30 && run cut30 "$CORPUS" --max-segment-s 30
+# One pass with the workers' decoder graphs captured up to 60 s segments (default 30 s).
+has graph60 && run graph60 "$CORPUS" --worker-arg=--cuda-graph-max-s=60
 has layouts && run one-worker "$CORPUS" --instances-per-gpu 1
 has layouts && run mps4 "$CORPUS" --instances-per-gpu 4
 # The decode pool's size against the layouts (DECODE_THREADS, default "24 32").
