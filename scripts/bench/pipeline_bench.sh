@@ -19,6 +19,7 @@
 #   default  `dispatcher local --gpus 0` and nothing else (the defaults)
 #   cut30    the whole mix with --max-segment-s 30 (the default before one pass per recording)
 #   graph60  the whole mix with the workers' decoder graphs captured up to 60 s segments
+#   short    the 5-60 s recordings alone (no long ones), one pass and --max-segment-s 30
 #   before   the settings the main job had before sizing (4 workers, 4 jobs in flight, one in
 #            inference, 8 segments per call, spinning GPU waits), for comparison
 #   single   --instances-per-gpu 1 (one worker, MPS at 100 %)
@@ -190,6 +191,13 @@ PY
 has default && run default "$CORPUS"
 # The old default beside it: recordings cut at quiet points into pieces of at most 30 s.
 has cut30 && run cut30 "$CORPUS" --max-segment-s 30
+# The 5-60 s recordings alone (no long ones), one pass and cut at 30 s.
+if has short; then
+  rm -rf "$CORPUS-short"; mkdir -p "$CORPUS-short"
+  (cd "$CORPUS" && for d in *; do [ "$d" = long ] || cp -al "$d" "$CORPUS-short/$d"; done)
+  run short-default "$CORPUS-short"
+  run short-cut30 "$CORPUS-short" --max-segment-s 30
+fi
 # One pass with the workers' decoder graphs captured up to 60 s segments (default 30 s).
 has graph60 && run graph60 "$CORPUS" --worker-arg=--cuda-graph-max-s=60
 has layouts && run one-worker "$CORPUS" --instances-per-gpu 1
