@@ -230,7 +230,11 @@ mod tests {
         };
         assert_eq!(get("visibility_timeout_s"), Some("300"));
         assert_eq!(get("max_segment_s"), Some("1440"));
-        assert_eq!(get("max_input_bytes"), Some("2147483648"), "typed as u64, not i32");
+        assert_eq!(
+            get("max_input_bytes"),
+            Some("2147483648"),
+            "typed as u64, not i32"
+        );
         assert_eq!(get("s3_force_path_style"), None, "a flag, off unless given");
     }
 }
