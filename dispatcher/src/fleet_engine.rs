@@ -1,7 +1,8 @@
-//! A fleet (`--gpus` or `--cpu-instances`): transcription through supervised `worker` processes (per-GPU groups under
-//! CUDA MPS, or CPU workers) instead of the in-process model. The fleet's worker states join
-//! `/health` and its metrics join `/metrics`. With a diarization model, the fleet also runs a
-//! Sortformer pool in every group and [`FleetDiarizer`] sends recordings there.
+//! A fleet (`--gpus` or `--cpu-instances`): transcription through supervised `worker`
+//! processes (per-GPU groups under CUDA MPS, or CPU workers) instead of the in-process model.
+//! The fleet's worker states join `/health` and its metrics join `/metrics`. With a
+//! diarization model, the fleet also runs a Sortformer pool in every group and
+//! [`FleetDiarizer`] sends recordings there.
 
 use std::path::Path;
 use std::sync::Arc;

@@ -128,7 +128,8 @@ pub struct ServeArgs {
     /// Requests allowed to wait; beyond this the worker answers `Overloaded`.
     #[arg(long, default_value_t = 1024)]
     pub max_queue: usize,
-    /// Health reports `Wedged` once one batch has run this long.
+    /// Health reports `Wedged` once one batch has run this long plus its longest clip's
+    /// duration (a long recording on a CPU engine is slow, not wedged).
     #[arg(long, default_value_t = 120_000)]
     pub wedge_after_ms: u64,
     /// Fault drills only: SIGUSR1 causes an illegal-address fault and SIGUSR2 takes all free

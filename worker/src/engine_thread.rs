@@ -74,6 +74,8 @@ pub struct EngineOutcome {
 pub struct EngineStatus {
     /// Milliseconds since `epoch` when the current batch started; 0 when idle.
     busy_since_ms: AtomicU64,
+    /// Milliseconds of audio in the current batch (its longest clip).
+    busy_audio_ms: AtomicU64,
     batches_done: AtomicU64,
     epoch: Option<Instant>,
 }
@@ -98,6 +100,12 @@ impl EngineStatus {
             0 => Duration::ZERO,
             since => Duration::from_millis(self.now_ms().saturating_sub(since)),
         }
+    }
+
+    /// The current batch's longest clip: a batch may run that long beyond the wedge limit (a
+    /// whole recording of many minutes on a CPU engine is slow, not wedged).
+    pub fn busy_audio(&self) -> Duration {
+        Duration::from_millis(self.busy_audio_ms.load(Ordering::Acquire))
     }
 
     pub fn batches_done(&self) -> u64 {
@@ -132,6 +140,11 @@ pub fn spawn(
         .spawn(move || {
             while let Some(job) = rx.blocking_recv() {
                 let started = Instant::now();
+                let longest = job.clips.iter().map(|c| c.len()).max().unwrap_or(0);
+                // 16 samples per millisecond at 16 kHz.
+                thread_status
+                    .busy_audio_ms
+                    .store(longest as u64 / 16, Ordering::Release);
                 thread_status
                     .busy_since_ms
                     .store(thread_status.now_ms(), Ordering::Release);

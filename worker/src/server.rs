@@ -49,7 +49,7 @@ impl ServerContext {
         let busy = self.engine.busy_for();
         HealthReport {
             nonce,
-            state: if !busy.is_zero() && busy >= self.wedge_after {
+            state: if !busy.is_zero() && busy >= self.wedge_after + self.engine.busy_audio() {
                 WorkerState::Wedged
             } else {
                 WorkerState::Ready

@@ -54,7 +54,8 @@ pub struct FleetOptions {
     /// Requests in flight on one worker, at most (beyond: wait in the supervisor).
     #[arg(long, default_value_t = 32)]
     pub max_outstanding_per_worker: usize,
-    /// A request unanswered this long marks its worker stuck.
+    /// A request unanswered this long, plus its audio's duration (a long recording on a CPU
+    /// engine is slow, not stuck), marks its worker stuck.
     #[arg(long, default_value_t = 120)]
     pub request_timeout_s: u64,
     /// A health ping unanswered this long marks the worker stuck.

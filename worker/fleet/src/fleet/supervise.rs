@@ -6,7 +6,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use worker_protocol::{ClientMessage, Task};
 
@@ -211,18 +211,20 @@ fn tick(shared: &Shared, state: &mut State) -> Vec<(usize, u64, PathBuf)> {
         let s = &state.slots[i];
         match &s.phase {
             Phase::Ready => {
-                let oldest = s
-                    .outstanding
-                    .iter()
-                    .filter_map(|id| state.requests.get(id).and_then(|r| r.sent_at))
-                    .min();
+                // A request may take its audio's duration on top of the timeout: a whole
+                // recording of many minutes on a CPU engine is slow, not stuck.
+                let overdue = s.outstanding.iter().any(|id| {
+                    state.requests.get(id).is_some_and(|r| {
+                        r.sent_at.is_some_and(|at| {
+                            now - at > cfg.request_timeout + audio_duration(r.pcm.len())
+                        })
+                    })
+                });
                 if exited {
                     fail_slot(shared, state, i, RestartCause::Crashed);
                 } else if let Some(cause) = s.broken {
                     fail_slot(shared, state, i, cause);
-                } else if s.ping.is_some_and(|(_, at)| now - at > cfg.health_timeout)
-                    || oldest.is_some_and(|at| now - at > cfg.request_timeout)
-                {
+                } else if s.ping.is_some_and(|(_, at)| now - at > cfg.health_timeout) || overdue {
                     fail_slot(shared, state, i, RestartCause::Stuck);
                 } else if s.ping.is_none() && now - s.last_ping >= cfg.health_interval {
                     let nonce = now.elapsed().as_nanos() as u64 ^ (i as u64) << 48 ^ s.generation;
@@ -378,4 +380,9 @@ fn try_connect(shared: &Arc<Shared>, slot: usize, generation: u64, socket: &std:
     if state.model.is_none() && task == Task::Transcribe {
         state.model = Some(info.model);
     }
+}
+
+/// Seconds of 16 kHz audio in `samples`.
+fn audio_duration(samples: usize) -> Duration {
+    Duration::from_secs_f64(samples as f64 / 16_000.0)
 }
