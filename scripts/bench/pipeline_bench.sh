@@ -41,8 +41,8 @@
 #            api, levels API_CONCURRENCY); writes api.csv
 #   api-backfill  the same while that server also works through the corpus as a backfill on
 #            the same fleet (--spool/--store/--input-dir); writes api-backfill.csv
-#   moto     the main job on SQS and S3: a moto_server on 127.0.0.1 (its wheels carried in
-#            .whl/moto/, from scripts/bench/moto_wheels.sh), the corpus uploaded to a bucket, one
+#   moto     the main job on SQS and S3: a moto_server on 127.0.0.1 (carried packed in
+#            .device-moto/, from scripts/bench/moto_site.sh), the corpus uploaded to a bucket, one
 #            job per recording (`dispatcher backfill`), then `dispatcher run --gpus 0
 #            --exit-when-idle` and nothing else; run moto-default, beside `local` on the same
 #            corpus (run default) when that step runs too
@@ -285,11 +285,14 @@ has api-backfill && api_sweep api-backfill --spool /tmp/api-spool --store /tmp/a
   --input-dir "$CORPUS"
 
 if has moto; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/moto-site .whl/moto/*.whl || exit 1
+  rm -rf /tmp/moto-site; xz -dc .device-moto/moto-site.tar.xz | tar -C /tmp -xf - || exit 1
   MOTO_PORT=5055
   PYTHONPATH=/tmp/moto-site python3 -m moto.server -H 127.0.0.1 -p $MOTO_PORT > "$OUT/moto.log" 2>&1 &
   moto_pid=$!
-  until curl -sf -o /dev/null "http://127.0.0.1:$MOTO_PORT/moto-api/"; do sleep 0.2; done
+  for _ in $(seq 150); do
+    curl -sf -o /dev/null "http://127.0.0.1:$MOTO_PORT/moto-api/" && break
+    sleep 0.2
+  done
   export AWS_ENDPOINT_URL=http://127.0.0.1:$MOTO_PORT AWS_ACCESS_KEY_ID=bench \
     AWS_SECRET_ACCESS_KEY=bench AWS_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
   # The corpus into s3://bench-in/corpus/ (16 threads), the queue, then one job per recording.
