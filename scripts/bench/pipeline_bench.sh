@@ -294,7 +294,8 @@ if has moto; then
     sleep 0.2
   done
   export AWS_ENDPOINT_URL=http://127.0.0.1:$MOTO_PORT AWS_ACCESS_KEY_ID=bench \
-    AWS_SECRET_ACCESS_KEY=bench AWS_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
+    AWS_SECRET_ACCESS_KEY=bench AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1 \
+    AWS_EC2_METADATA_DISABLED=true
   # The corpus into s3://bench-in/corpus/ (16 threads), the queue, then one job per recording.
   queue_url=$(PYTHONPATH=/tmp/moto-site python3 - "$CORPUS" <<'PY'
 import os, sys, boto3
