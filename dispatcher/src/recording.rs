@@ -199,6 +199,8 @@ mod tests {
                     text: word.into(),
                     tokens: vec![7],
                     speaker: None,
+                    avg_logprob: None,
+                    no_speech_prob: None,
                 }],
             },
         }

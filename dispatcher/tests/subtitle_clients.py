@@ -9,12 +9,14 @@ convert each document to ASS with one Dialogue event per cue, at the cue's times
   single word may be longer;
 - cues are in order and lie within [0, duration] (the verbose_json's duration);
 - the cues carry the verbose_json's words, in order, each once;
-- verbose_json: every segment and word lies within [0, duration] with start <= end; each
-  segment's compression_ratio is Python's len(b) / len(zlib.compress(b)); avg_logprob and
-  no_speech_prob are absent (nothing computes them yet).
+- verbose_json: the official `openai` package's `TranscriptionVerbose` model validates it;
+  every segment and word lies within [0, duration] with start <= end; each segment's
+  compression_ratio is Python's len(b) / len(zlib.compress(b)), its temperature 0, its
+  avg_logprob a finite mean log-probability (<= 0, and >= -ln(classes) when --classes is given:
+  a greedy decoder's tokens are each the most probable label) and its no_speech_prob in [0, 1].
 
 Usage: subtitle_clients.py [--max-cue-s S] [--max-line-chars N] [--max-lines N]
-           --verbose-json FILE.json FILE.srt|FILE.vtt...
+           [--classes N] --verbose-json FILE.json FILE.srt|FILE.vtt...
 Exit 0 when every check passes, 1 with one line per failure.
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import math
 import re
 import subprocess
 import sys
@@ -31,8 +34,10 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+import pydantic
 import srt
 import webvtt
+from openai.types.audio import TranscriptionVerbose
 
 SRT_LABEL = re.compile(r"^\[speaker_\d+\] ")
 
@@ -135,7 +140,11 @@ def check_ffmpeg(name: str, path: Path, cues: list[Cue], fail) -> None:
                  f"{cue.start_ms}..{cue.end_ms} ms, {len(cue.lines)} lines")
 
 
-def check_verbose_json(name: str, doc: dict, duration_ms: int, fail) -> None:
+def check_verbose_json(name: str, doc: dict, duration_ms: int, classes: int | None, fail) -> None:
+    try:
+        TranscriptionVerbose.model_validate(doc)
+    except pydantic.ValidationError as e:
+        fail(f"{name}: not an OpenAI TranscriptionVerbose: {e}")
     for kind in ("segments", "words"):
         for item in doc[kind]:
             start, end = ms(item["start"]), ms(item["end"])
@@ -147,9 +156,14 @@ def check_verbose_json(name: str, doc: dict, duration_ms: int, fail) -> None:
         if seg.get("compression_ratio") != want:
             fail(f"{name} segment {seg['id']}: compression_ratio {seg.get('compression_ratio')}"
                  f" != zlib's {want}")
-        for absent in ("avg_logprob", "no_speech_prob"):
-            if absent in seg:
-                fail(f"{name} segment {seg['id']}: {absent} is not computed yet")
+        if seg.get("temperature") != 0:
+            fail(f"{name} segment {seg['id']}: temperature {seg.get('temperature')}, not 0")
+        logprob, no_speech = seg.get("avg_logprob"), seg.get("no_speech_prob")
+        floor = -math.log(classes) if classes else -math.inf
+        if not isinstance(logprob, float) or not floor <= logprob <= 0:
+            fail(f"{name} segment {seg['id']}: avg_logprob {logprob} not in [{floor}, 0]")
+        if not isinstance(no_speech, (int, float)) or not 0 <= no_speech <= 1:
+            fail(f"{name} segment {seg['id']}: no_speech_prob {no_speech} not in [0, 1]")
 
 
 def main() -> int:
@@ -157,6 +171,7 @@ def main() -> int:
     parser.add_argument("--max-cue-s", type=float, default=7.0)
     parser.add_argument("--max-line-chars", type=int, default=42)
     parser.add_argument("--max-lines", type=int, default=2)
+    parser.add_argument("--classes", type=int, help="the model's labels (vocabulary + blank)")
     parser.add_argument("--verbose-json", type=Path, required=True)
     parser.add_argument("documents", type=Path, nargs="+")
     args = parser.parse_args()
@@ -165,7 +180,7 @@ def main() -> int:
     doc = json.loads(args.verbose_json.read_text(encoding="utf-8"))
     duration_ms = ms(doc["duration"])
     words = " ".join(w["word"] for w in doc["words"]).split()
-    check_verbose_json(args.verbose_json.name, doc, duration_ms, failures.append)
+    check_verbose_json(args.verbose_json.name, doc, duration_ms, args.classes, failures.append)
     for path in args.documents:
         if path.suffix == ".srt":
             cues = srt_cues(path)

@@ -1,9 +1,11 @@
 //! Subtitles in real clients: ffmpeg and PyPI's `srt` and `webvtt-py` read the srt and vtt
 //! documents (`subtitle_clients.py` beside this file) of `dispatcher transcribe` on fixture
 //! clips and of a long synthetic transcript with speakers, and find every cue within the
-//! limits: at most 7 s, two lines of 42 characters, within the recording, every word once.
+//! limits: at most 7 s, two lines of 42 characters, within the recording, every word once; and
+//! the official `openai` package validates the verbose_json (scores in range, the fixture
+//! model's real ones).
 //!
-//! Without python3's `srt` and `webvtt` modules or ffmpeg the tests skip loudly, unless
+//! Without python3's `srt`, `webvtt` and `openai` modules or ffmpeg the tests skip loudly, unless
 //! `REQUIRE_SUBTITLE_CLIENTS` is set (CI installs them).
 
 mod common;
@@ -26,8 +28,8 @@ fn clients_present(test: &str) -> Result<bool> {
         "REQUIRE_SUBTITLE_CLIENTS",
         &[
             (
-                "python3 with srt and webvtt-py",
-                &["python3", "-c", "import srt, webvtt"],
+                "python3 with srt, webvtt-py and openai",
+                &["python3", "-c", "import srt, webvtt, openai"],
             ),
             ("ffmpeg", &["ffmpeg", "-version"]),
         ],
@@ -101,9 +103,11 @@ fn fixture_clips_in_real_clients() -> Result<()> {
             .output()?;
         ensure!(diarized.status.success(), "{diarized:?}");
     }
+    // The fixture model's labels: vocabulary 96 + blank (its model_config.yaml).
+    let classes = ["--classes", "97"];
     for clip in clips.iter().chain(&["three_speakers"]) {
         let doc = |ext: &str| dir.path().join(format!("{clip}.{ext}"));
-        passes(&check(&doc("json"), &[doc("srt"), doc("vtt")], &[])?)?;
+        passes(&check(&doc("json"), &[doc("srt"), doc("vtt")], &classes)?)?;
     }
     let long = dir.path().join("long.srt");
     ensure!(
@@ -147,6 +151,8 @@ fn long_transcript(n: usize, step_s: f64) -> Transcript {
                 .join(" "),
             tokens: Vec::new(),
             speaker: Some(speaker(id * 60)),
+            avg_logprob: Some(-0.25),
+            no_speech_prob: Some(0.125),
         })
         .collect();
     Transcript {
@@ -221,5 +227,31 @@ fn a_long_transcript_with_speakers_in_real_clients() -> Result<()> {
             "1",
         ],
     )?)?;
+
+    // An unscored transcript (no avg_logprob, no_speech_prob) and no language are not
+    // OpenAI's verbose_json.
+    let mut unscored = transcript.clone();
+    unscored
+        .segments
+        .iter_mut()
+        .for_each(|s| s.avg_logprob = None);
+    let no_language = RenderOptions {
+        language: None,
+        ..RenderOptions::default()
+    };
+    let (json, subtitles) = write_docs(dir.path(), "unscored", &unscored, &no_language)?;
+    let output = check(&json, &subtitles, &[])?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    ensure!(
+        !output.status.success(),
+        "validation not enforced: {stderr}"
+    );
+    for broken in [
+        "not an OpenAI TranscriptionVerbose",
+        "language",
+        "avg_logprob",
+    ] {
+        ensure!(stderr.contains(broken), "no {broken:?} in {stderr}");
+    }
     Ok(())
 }

@@ -82,6 +82,7 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
 
 fn hypothesis(case: &Case) -> Hypothesis {
     Hypothesis {
+        scores: None,
         tokens: case
             .token_ids
             .iter()

@@ -232,7 +232,6 @@ async fn fan_out(
                 let response = TranscribeResponse {
                     id: q.payload.id,
                     hypothesis,
-                    confidences: None,
                     timings: timings(q),
                 };
                 let _ = q.payload.reply.send(WorkerMessage::Result(response));

@@ -26,7 +26,7 @@ use dispatcher::transcriber::Capacity;
 use dispatcher::transcriber::{Priority, Transcriber};
 use engine::{EngineKind, EngineSettings};
 use model_core::long_audio::{LongAudio, DEFAULT_FULL_ATTENTION_MAX_S};
-use model_core::render::{render, OutputFormat, RenderOptions};
+use model_core::render::{render, OutputFormat, RenderOptions, MODEL_LANGUAGE};
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct TranscribeArgs {
@@ -62,9 +62,9 @@ pub(crate) struct TranscribeArgs {
     /// Write `<DIR>/<file stem>.<ext>` per input instead of printing to stdout.
     #[arg(long, value_name = "DIR")]
     pub(crate) out: Option<PathBuf>,
-    /// `language` written into verbose_json (e.g. `english`); omitted when not given.
-    #[arg(long)]
-    pub(crate) language: Option<String>,
+    /// `language` written into verbose_json (OpenAI writes the language's name, e.g. `english`).
+    #[arg(long, default_value = MODEL_LANGUAGE)]
+    pub(crate) language: String,
     /// Longest piece of audio given to the model at once (seconds); longer recordings are
     /// cut at quiet points into pieces no longer than this. The default, full attention's 24
     /// minutes, runs every recording up to that length in one pass, as NeMo's transcribe() does;
@@ -190,7 +190,7 @@ pub(crate) fn run(args: TranscribeArgs) -> anyhow::Result<()> {
         let started = std::time::Instant::now();
         let result = job.file(file).and_then(|recording| {
             let options = RenderOptions {
-                language: args.language.clone(),
+                language: Some(args.language.clone()),
                 file_id: file.file_stem().map(|s| s.to_string_lossy().into_owned()),
                 speaker_turns: recording.speaker_turns.unwrap_or_default(),
                 ..RenderOptions::default()

@@ -4,7 +4,7 @@
 use axum::extract::multipart::{Multipart, MultipartError};
 use axum::http::StatusCode;
 use bytes::Bytes;
-use model_core::render::OutputFormat;
+use model_core::render::{OutputFormat, MODEL_LANGUAGE};
 
 use super::error::ApiError;
 
@@ -41,7 +41,7 @@ pub(super) struct TranscriptionForm {
 }
 
 /// The languages Parakeet TDT 0.6B v2 transcribes, as ISO-639-1 codes and OpenAI's names.
-const LANGUAGES: [(&str, &str); 1] = [("en", "english")];
+const LANGUAGES: [(&str, &str); 1] = [("en", MODEL_LANGUAGE)];
 
 /// OpenAI's `verbose_json` writes the language's name.
 pub(super) fn language_name(code_or_name: &str) -> Option<&'static str> {

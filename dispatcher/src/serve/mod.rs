@@ -24,7 +24,7 @@ use axum::extract::{DefaultBodyLimit, Multipart, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use model_core::render::{render, OutputFormat, RenderOptions};
+use model_core::render::{render, OutputFormat, RenderOptions, MODEL_LANGUAGE};
 use tokio_util::sync::CancellationToken;
 
 pub use auth::ApiKeys;
@@ -301,7 +301,9 @@ impl Api {
                 .language
                 .as_deref()
                 .and_then(form::language_name)
-                .map(str::to_owned),
+                .unwrap_or(MODEL_LANGUAGE)
+                .to_owned()
+                .into(),
             file_id: form
                 .file_name
                 .as_deref()

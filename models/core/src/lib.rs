@@ -9,6 +9,7 @@ pub mod encoder;
 pub mod error;
 pub mod long_audio;
 pub mod render;
+pub mod scores;
 pub mod speakers;
 pub mod tdt;
 pub mod timestamps;

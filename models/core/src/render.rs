@@ -116,11 +116,15 @@ pub const DEFAULT_MAX_LINE_CHARS: usize = 42;
 /// [`RenderOptions::max_lines`] by default.
 pub const DEFAULT_MAX_LINES: usize = 2;
 
+/// The language `verbose_json` names by default: Parakeet TDT 0.6B v2 transcribes English
+/// only, and its checkpoint's config names no language.
+pub const MODEL_LANGUAGE: &str = "english";
+
 /// What the transcript itself does not know, and how subtitles are laid out.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RenderOptions {
-    /// `language` of `verbose_json` (OpenAI writes the language name, e.g. `english`); omitted
-    /// when `None`.
+    /// `language` of `verbose_json` (OpenAI writes the language name, e.g. `english`); the
+    /// model's ([`MODEL_LANGUAGE`]) by default, omitted when `None`.
     pub language: Option<String>,
     /// The recording's name in `rttm` lines (whitespace becomes `_`; `audio` when `None`).
     pub file_id: Option<String>,
@@ -139,7 +143,7 @@ pub struct RenderOptions {
 impl Default for RenderOptions {
     fn default() -> Self {
         Self {
-            language: None,
+            language: Some(MODEL_LANGUAGE.to_owned()),
             file_id: None,
             speaker_turns: Vec::new(),
             max_cue_s: DEFAULT_MAX_CUE_S,
@@ -230,6 +234,11 @@ struct VerboseSegment<'a> {
     /// Greedy decoding.
     temperature: f64,
     compression_ratio: f64,
+    /// Absent only where the engine did not score the utterance.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    avg_logprob: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    no_speech_prob: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     speaker: Option<&'a str>,
 }
@@ -264,10 +273,10 @@ fn printed_span(transcript: &Transcript, start_s: f64, end_s: f64) -> (f64, f64)
 /// (id, seek, start, end, text, tokens, temperature, compression_ratio) and words (word, start,
 /// end); speaker labels when present.
 ///
-/// Of a `TranscriptionSegment`, `avg_logprob` and `no_speech_prob` are left out: they need the
-/// decoder's token probabilities, which the engines do not report yet, and a made-up value
-/// would mislead a client that filters on them. `compression_ratio` is the segment's own
-/// (Whisper's segments share their 30 s window's; there are no windows here).
+/// A segment's `avg_logprob` and `no_speech_prob` are the decoder's ([`crate::scores`]: the mean
+/// log-probability of its tokens, the mean blank probability over its frames), left out only
+/// where the engine did not score it rather than made up. `compression_ratio` is the segment's
+/// own (Whisper's segments share their 30 s window's; there are no windows here).
 pub fn verbose_json(transcript: &Transcript, language: Option<&str>) -> String {
     let segments = transcript
         .segments
@@ -283,6 +292,8 @@ pub fn verbose_json(transcript: &Transcript, language: Option<&str>) -> String {
                 tokens: &s.tokens,
                 temperature: 0.0,
                 compression_ratio: compression_ratio(&s.text),
+                avg_logprob: s.avg_logprob,
+                no_speech_prob: s.no_speech_prob,
                 speaker: s.speaker.as_deref(),
             }
         })
@@ -390,6 +401,8 @@ mod tests {
             text: text.to_string(),
             tokens: vec![id as u32 + 10, id as u32 + 20],
             speaker: None,
+            avg_logprob: None,
+            no_speech_prob: None,
         }
     }
 

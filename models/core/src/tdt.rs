@@ -14,9 +14,13 @@
 //!
 //! Every row's arithmetic depends only on that row, so decoding a clip inside a batch gives
 //! exactly its single-clip result.
+//!
+//! After the loop every hypothesis is scored ([`crate::scores`]): the joint runs once more per
+//! frame and per token, with the prediction outputs the loop kept.
 
 use crate::config::DecoderConfig;
 use crate::error::CoreError;
+use crate::scores::{log_softmax_at, score_items, DecoderScores, ScoreItem};
 use crate::transcript::{DecodedToken, Hypothesis};
 
 /// The prediction and joint networks of a transducer, batched over rows.
@@ -85,6 +89,8 @@ struct Row {
     last_emit_frame: Option<usize>,
     emits_at_last_frame: usize,
     hyp: Hypothesis,
+    /// Prediction outputs: after the start of sequence, then after each emitted token.
+    preds: Vec<Vec<f32>>,
 }
 
 impl Row {
@@ -129,6 +135,7 @@ pub fn greedy_decode<N: TransducerNet>(
             last_emit_frame: None,
             emits_at_last_frame: 0,
             hyp: Hypothesis::default(),
+            preds: Vec::new(),
         })
         .collect();
 
@@ -137,6 +144,10 @@ pub fn greedy_decode<N: TransducerNet>(
     let (mut pred, next) = net.predict(&sos, &state)?;
     state = next;
     let pred_dim = pred.len() / batch;
+    for (b, row) in rows.iter_mut().enumerate() {
+        row.preds
+            .push(pred[b * pred_dim..(b + 1) * pred_dim].to_vec());
+    }
 
     let mut enc_frames = vec![0.0f32; batch * dim];
     let mut labels = vec![blank; batch];
@@ -237,8 +248,9 @@ pub fn greedy_decode<N: TransducerNet>(
             let (next_pred, next_state) = net.predict(&fed, &state)?;
             state = net.select_state(&emitted, state, next_state)?;
             for b in (0..batch).filter(|b| emitted[*b]) {
-                pred[b * pred_dim..(b + 1) * pred_dim]
-                    .copy_from_slice(&next_pred[b * pred_dim..(b + 1) * pred_dim]);
+                let row_pred = &next_pred[b * pred_dim..(b + 1) * pred_dim];
+                pred[b * pred_dim..(b + 1) * pred_dim].copy_from_slice(row_pred);
+                rows[b].preds.push(row_pred.to_vec());
             }
         }
 
@@ -254,7 +266,59 @@ pub fn greedy_decode<N: TransducerNet>(
         }
     }
 
+    score(net, cfg, utterances, &mut rows)?;
     Ok(rows.into_iter().map(|r| r.hyp).collect())
+}
+
+/// Joint evaluations per scoring call: bounds the logits held at once.
+const SCORE_CHUNK: usize = 256;
+
+/// Fills every row's [`Hypothesis::scores`]: the log-probability of each of [`score_items`]'
+/// targets, with the encoder frames of `utterances` and the prediction outputs the loop kept.
+fn score<N: TransducerNet>(
+    net: &mut N,
+    cfg: &DecoderConfig,
+    utterances: &[EncodedUtterance],
+    rows: &mut [Row],
+) -> Result<(), N::Error> {
+    let blank = cfg.blank_id() as u32;
+    let n_classes = cfg.blank_id() + 1;
+    let items: Vec<Vec<ScoreItem>> = rows
+        .iter()
+        .map(|r| score_items(&r.hyp.tokens, r.frames, blank, cfg.max_symbols_per_step))
+        .collect();
+    // (row, item) pairs in order, evaluated a chunk at a time across rows.
+    let all: Vec<(usize, ScoreItem)> = items
+        .iter()
+        .enumerate()
+        .flat_map(|(b, row_items)| row_items.iter().map(move |i| (b, *i)))
+        .collect();
+    let mut logprobs: Vec<Vec<f32>> = items.iter().map(|i| Vec::with_capacity(i.len())).collect();
+    for chunk in all.chunks(SCORE_CHUNK) {
+        let mut enc = Vec::new();
+        let mut pred = Vec::new();
+        for (b, item) in chunk {
+            enc.extend_from_slice(utterances[*b].frame(item.frame));
+            pred.extend_from_slice(&rows[*b].preds[item.state]);
+        }
+        let logits = net.joint(&enc, &pred)?;
+        let n_out = logits.len() / chunk.len();
+        if n_out < n_classes || logits.len() != chunk.len() * n_out {
+            return Err(N::Error::from(CoreError::Decode(format!(
+                "joint returned {} values for {} scoring rows of at least {n_classes}",
+                logits.len(),
+                chunk.len()
+            ))));
+        }
+        for (k, (b, item)) in chunk.iter().enumerate() {
+            let classes = &logits[k * n_out..k * n_out + n_classes];
+            logprobs[*b].push(log_softmax_at(classes, item.target as usize));
+        }
+    }
+    for (row, values) in rows.iter_mut().zip(logprobs) {
+        row.hyp.scores = Some(DecoderScores::from_logprobs(&values, row.frames));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -413,11 +477,76 @@ mod tests {
                     "batch vs single, max_symbols {max_symbols}"
                 );
                 assert_eq!(
-                    &single_reference(&mut net, &cfg, u),
-                    hyp,
+                    single_reference(&mut net, &cfg, u).tokens,
+                    hyp.tokens,
                     "vs reference loop"
                 );
             }
+        }
+    }
+
+    /// The scores of a hypothesis, recomputed one evaluation at a time from the definitions:
+    /// the prediction output after the tokens before each frame, and before each token.
+    fn reference_scores(
+        net: &mut ToyNet,
+        cfg: &DecoderConfig,
+        u: &EncodedUtterance,
+        hyp: &Hypothesis,
+    ) -> DecoderScores {
+        let blank = cfg.blank_id();
+        let mut preds = Vec::new();
+        let state = net.initial_state(1).expect("toy");
+        let (mut pred, mut state) = net.predict(&[blank as u32], &state).expect("toy");
+        preds.push(pred.clone());
+        for t in &hyp.tokens {
+            (pred, state) = net.predict(&[t.id], &state).expect("toy");
+            preds.push(pred.clone());
+        }
+        let logprob = |net: &mut ToyNet, frame: usize, state: usize, target: usize| {
+            let logits = net.joint(u.frame(frame), &preds[state]).expect("toy");
+            log_softmax_at(&logits[..=blank], target)
+        };
+        let last = crate::scores::last_state(&hyp.tokens, u.frames, cfg.max_symbols_per_step);
+        let frame_blank_probs = (0..u.frames)
+            .map(|t| {
+                let before = hyp.tokens.iter().filter(|k| k.frame < t).count();
+                logprob(net, t, before.min(last), blank).exp()
+            })
+            .collect();
+        let token_logprobs = hyp
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| logprob(net, t.frame, i, t.id as usize))
+            .collect();
+        DecoderScores {
+            token_logprobs,
+            frame_blank_probs,
+        }
+    }
+
+    #[test]
+    fn scores_follow_their_definition_batched_or_not() {
+        let cfg = config(3);
+        let mut net = ToyNet {
+            vocab: 6,
+            n_durations: 5,
+        };
+        let utts: Vec<_> = [(11, 300), (12, 0), (13, 40)]
+            .into_iter()
+            .map(|(s, f)| utterance(s, f))
+            .collect();
+        let hyps = greedy_decode(&mut net, &cfg, &utts).expect("decode");
+        for (u, hyp) in utts.iter().zip(&hyps) {
+            let scores = hyp.scores.as_ref().expect("scored");
+            assert_eq!(scores.token_logprobs.len(), hyp.tokens.len());
+            assert_eq!(scores.frame_blank_probs.len(), u.frames);
+            assert_eq!(scores, &reference_scores(&mut net, &cfg, u, hyp));
+            assert!(scores.token_logprobs.iter().all(|v| *v <= 0.0));
+            assert!(scores
+                .frame_blank_probs
+                .iter()
+                .all(|p| (0.0..=1.0).contains(p)));
         }
     }
 

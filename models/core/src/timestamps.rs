@@ -164,16 +164,24 @@ impl Timestamper {
             .segments
             .iter()
             .enumerate()
-            .map(|(id, s)| Segment {
-                id,
-                start_s: t.seconds(s.start_offset),
-                end_s: t.seconds(s.end_offset),
-                text: s.text.clone(),
-                tokens: offsets.tokens[s.first_token..=s.last_token]
-                    .iter()
-                    .map(|tok| tok.id)
-                    .collect(),
-                speaker: None,
+            .map(|(id, s)| {
+                let (avg_logprob, no_speech_prob) =
+                    hyp.scores.as_ref().map_or((None, None), |sc| {
+                        sc.segment(s.first_token..=s.last_token, s.start_offset..s.end_offset)
+                    });
+                Segment {
+                    id,
+                    start_s: t.seconds(s.start_offset),
+                    end_s: t.seconds(s.end_offset),
+                    text: s.text.clone(),
+                    tokens: offsets.tokens[s.first_token..=s.last_token]
+                        .iter()
+                        .map(|tok| tok.id)
+                        .collect(),
+                    speaker: None,
+                    avg_logprob,
+                    no_speech_prob,
+                }
             })
             .collect();
         Ok(Transcript {
@@ -424,6 +432,7 @@ mod tests {
     /// (piece, frame, duration) triples.
     fn hyp(tokens: &[(&str, usize, usize)]) -> Hypothesis {
         Hypothesis {
+            scores: None,
             tokens: tokens
                 .iter()
                 .map(|(piece, frame, duration)| DecodedToken {
@@ -616,6 +625,7 @@ mod tests {
     #[test]
     fn ids_outside_the_vocabulary_are_an_error() {
         let bad = Hypothesis {
+            scores: None,
             tokens: vec![DecodedToken {
                 id: 99,
                 frame: 0,

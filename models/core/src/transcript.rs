@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::scores::DecoderScores;
+
 /// One emitted (non-blank) token, in encoder frames.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DecodedToken {
@@ -14,9 +16,22 @@ pub struct DecodedToken {
 }
 
 /// The decoder's output for one utterance.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Hypothesis {
     pub tokens: Vec<DecodedToken>,
+    /// How sure the decoder was (`None`: the engine did not score this utterance).
+    pub scores: Option<DecoderScores>,
+}
+
+impl Hypothesis {
+    /// What an utterance without encoder frames decodes to: no tokens, and scores with nothing
+    /// in them (scored, as every engine's are).
+    pub fn without_frames() -> Self {
+        Self {
+            tokens: Vec::new(),
+            scores: Some(DecoderScores::default()),
+        }
+    }
 }
 
 /// A token with its text piece and time span.
@@ -48,8 +63,14 @@ pub struct Segment {
     pub end_s: f64,
     pub text: String,
     pub tokens: Vec<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speaker: Option<String>,
+    /// Mean natural log-probability of the segment's tokens ([`DecoderScores`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub avg_logprob: Option<f64>,
+    /// Mean probability of blank over the frames the segment spans ([`DecoderScores`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub no_speech_prob: Option<f64>,
 }
 
 /// A finished transcript of one recording.

@@ -209,6 +209,7 @@ struct TdtParams {
     const float* out_b;     // [n_out]
     unsigned long long* keys;  // [2][2][rows, grid]: the blocks' best label, best duration
     const int* durations;   // [n_durations]
+    float* pred_hist;       // [hist_capacity, rows, J]: pred_proj after a row's first k tokens
     int rows;
     int layers;
     int hidden;
@@ -233,6 +234,7 @@ struct TdtParams {
     // and its units' c [layers][rows][units] and rec [layers][rows][units][4] (`Cells`).
     int shared_x_table;
     int shared_cells;
+    int hist_capacity;  // states pred_hist keeps per row (later ones are not kept)
 };
 
 // What this block owns: LSTM units per layer, joint.pred outputs, joint outputs, each a
@@ -976,6 +978,10 @@ __device__ void joint_input_chunk(const TdtParams& p, const Owned& own, const in
             if (fresh >> r & 1) {
                 v = y[i] + biases.pred[j];
                 *item.pred = v;
+                // The row predicts after its k-th token: kept for scoring (`tdt_score`).
+                const int k = srs[row * RS_FIELDS + RS_TOKENS];
+                if (k < p.hist_capacity)
+                    p.pred_hist[((long long)k * p.rows + row) * J + own.pred0 + j] = v;
             } else {
                 v = first ? early_pred : __ldcg(item.pred);
             }
@@ -1318,5 +1324,81 @@ extern "C" __global__ void tdt_reset(int* rs, int* ds, const int* frames, const 
         r[RS_EMITS] = 0;
         r[RS_TOKENS] = 0;
         r[RS_ENC_ROW] = row < batch ? enc_rows[row] : 0;
+    }
+}
+
+// Scoring after decoding (model_core::scores): evaluation i is the joint at encoder row
+// items[i].x of enc_proj with the prediction output at row items[i].y of pred_hist, and its
+// value the log-softmax over the label outputs (vocabulary and blank) at label items[i].z.
+// One block per SCORE_ITEMS evaluations: the joint inputs relu(pred + enc) in shared memory,
+// warps take the label outputs in turn and lanes the hidden units, each lane of the first
+// SCORE_ITEMS keeps one evaluation's running maximum and sum of exponentials over its warp's
+// outputs, and the warps' are merged in warp order. Every sum runs in a fixed order, so an
+// evaluation's value does not depend on the others in its block or launch.
+#define SCORE_ITEMS 8
+#define SCORE_THREADS 256
+extern "C" __global__ __launch_bounds__(SCORE_THREADS) void tdt_score(
+    const int4* items, int n_items, const float* enc_proj, const float* pred_hist,
+    const bf16_t* out_w, const float* out_b, int joint_hidden, int n_classes, float* logprobs) {
+    extern __shared__ float joint_input[];  // [SCORE_ITEMS][joint_hidden]
+    __shared__ float warp_max_of[SCORE_THREADS / 32][SCORE_ITEMS];
+    __shared__ float warp_sum_of[SCORE_THREADS / 32][SCORE_ITEMS];
+    __shared__ float target_logit[SCORE_ITEMS];
+    const int J = joint_hidden, first = blockIdx.x * SCORE_ITEMS;
+    const int count = min(SCORE_ITEMS, n_items - first);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    for (int i = threadIdx.x; i < SCORE_ITEMS * J; i += blockDim.x) {
+        const int item = i / J, k = i % J;
+        float v = 0.0f;
+        if (item < count) {
+            const int4 it = items[first + item];
+            v = pred_hist[(long long)it.y * J + k] + enc_proj[(long long)it.x * J + k];
+            v = v > 0.0f ? v : 0.0f;
+        }
+        joint_input[i] = v;
+    }
+    if (threadIdx.x < SCORE_ITEMS) target_logit[threadIdx.x] = __int_as_float(0x7fc00000);
+    const int target = lane < count ? items[first + lane].z : -1;
+    __syncthreads();
+    float running_max = -F32_INFINITY, running_sum = 0.0f;
+    for (int o = warp; o < n_classes; o += warps) {
+        float acc[SCORE_ITEMS];
+#pragma unroll
+        for (int i = 0; i < SCORE_ITEMS; ++i) acc[i] = 0.0f;
+        const bf16_t* w = out_w + (long long)o * J;
+        for (int k = lane; k < J; k += 32) {
+            const float wk = bf16_to_f32(w[k]);
+#pragma unroll
+            for (int i = 0; i < SCORE_ITEMS; ++i) acc[i] = fmaf(joint_input[i * J + k], wk, acc[i]);
+        }
+        float logit = 0.0f;
+#pragma unroll
+        for (int i = 0; i < SCORE_ITEMS; ++i) {
+            const float total = warp_sum(acc[i]) + out_b[o];
+            if (lane == i) logit = total;
+        }
+        if (lane < SCORE_ITEMS) {
+            if (logit > running_max) {
+                running_sum = running_sum * expf(running_max - logit) + 1.0f;
+                running_max = logit;
+            } else {
+                running_sum += expf(logit - running_max);
+            }
+            if (o == target) target_logit[lane] = logit;
+        }
+    }
+    if (lane < SCORE_ITEMS) {
+        warp_max_of[warp][lane] = running_max;
+        warp_sum_of[warp][lane] = running_sum;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < count) {
+        const int i = threadIdx.x;
+        float m = -F32_INFINITY;
+        for (int w = 0; w < warps; ++w) m = fmaxf(m, warp_max_of[w][i]);
+        float sum = 0.0f;
+        for (int w = 0; w < warps; ++w)
+            if (warp_sum_of[w][i] > 0.0f) sum += warp_sum_of[w][i] * expf(warp_max_of[w][i] - m);
+        logprobs[first + i] = target_logit[i] - m - logf(sum);
     }
 }

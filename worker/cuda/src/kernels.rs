@@ -111,6 +111,7 @@ pub(crate) enum Kernel {
     MergeHeads,
     TdtReset,
     TdtDecode,
+    TdtScore,
     FeatureFrames,
     PowerSpectrum,
     LogMelNormalize,
@@ -119,7 +120,7 @@ pub(crate) enum Kernel {
 }
 
 impl Kernel {
-    pub(crate) const ALL: [Kernel; 27] = [
+    pub(crate) const ALL: [Kernel; 28] = [
         Kernel::F32ToBf16,
         Kernel::Bf16ToF32,
         Kernel::Silu,
@@ -142,6 +143,7 @@ impl Kernel {
         Kernel::MergeHeads,
         Kernel::TdtReset,
         Kernel::TdtDecode,
+        Kernel::TdtScore,
         Kernel::FeatureFrames,
         Kernel::PowerSpectrum,
         Kernel::LogMelNormalize,
@@ -174,6 +176,7 @@ impl Kernel {
             Kernel::MergeHeads => "merge_heads",
             Kernel::TdtReset => "tdt_reset",
             Kernel::TdtDecode => "tdt_decode",
+            Kernel::TdtScore => "tdt_score",
             Kernel::FeatureFrames => "feature_frames",
             Kernel::PowerSpectrum => "power_spectrum",
             Kernel::LogMelNormalize => "log_mel_normalize",
@@ -203,7 +206,7 @@ impl Kernel {
             | Kernel::RelPosSoftmaxWarp
             | Kernel::LocalRelPosSoftmax
             | Kernel::MergeHeads => KernelModule::Attention,
-            Kernel::TdtReset | Kernel::TdtDecode => KernelModule::Decoder,
+            Kernel::TdtReset | Kernel::TdtDecode | Kernel::TdtScore => KernelModule::Decoder,
             Kernel::FeatureFrames | Kernel::PowerSpectrum | Kernel::LogMelNormalize => {
                 KernelModule::Features
             }

@@ -58,7 +58,7 @@ mod weight_arena;
 mod weight_share;
 
 pub use cudarc::driver::CudaSlice;
-pub use decoder::{DecoderEnvelope, GpuDecoder};
+pub use decoder::{DecoderEnvelope, GpuDecoder, SCORED_TOKENS_PER_FRAME};
 pub use device::{check_cuda_libraries, CudaEngine};
 pub use driver::context::CudaVersion;
 pub use driver::drop_errors::{drop_errors, DropErrors};

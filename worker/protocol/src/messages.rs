@@ -14,7 +14,10 @@ use serde::{Deserialize, Serialize};
 /// Version 4: PCM as one byte string of little-endian `f32` samples (was one postcard `f32` per
 /// sample).
 /// Version 5: the [`Priority`] of a [`TranscribeRequest`].
-pub const PROTOCOL_VERSION: u16 = 5;
+/// Version 6: hypotheses carry the decoder's scores (`Hypothesis::scores`: token
+/// log-probabilities, blank probabilities per frame); the never-filled per-token `confidences`
+/// are gone.
+pub const PROTOCOL_VERSION: u16 = 6;
 
 /// Chosen by the client, unique per connection; the worker echoes it.
 pub type RequestId = u64;
@@ -200,8 +203,6 @@ impl ModelInfo {
 pub struct TranscribeResponse {
     pub id: RequestId,
     pub hypothesis: Hypothesis,
-    /// Per-token confidence in [0, 1], when the engine computes it.
-    pub confidences: Option<Vec<f32>>,
     pub timings: Timings,
 }
 

@@ -3,7 +3,7 @@
 use std::io::Cursor;
 
 use model_core::speakers::SpeakerSegment;
-use model_core::transcript::{DecodedToken, Hypothesis};
+use model_core::transcript::{DecodedToken, DecoderScores, Hypothesis};
 
 use crate::*;
 
@@ -25,8 +25,11 @@ fn response() -> WorkerMessage {
                 frame: 3,
                 duration: 2,
             }],
+            scores: Some(DecoderScores {
+                token_logprobs: vec![-0.25],
+                frame_blank_probs: vec![0.9, 0.1, 0.8, 0.95],
+            }),
         },
-        confidences: Some(vec![0.9]),
         timings: Timings {
             queue_us: 1,
             batch_us: 2,

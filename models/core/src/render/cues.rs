@@ -336,6 +336,8 @@ mod tests {
                 text,
                 tokens: Vec::new(),
                 speaker: speaker.map(String::from),
+                avg_logprob: None,
+                no_speech_prob: None,
             }],
             words,
         }

@@ -189,6 +189,8 @@ mod tests {
                     .join(" "),
                 tokens: Vec::new(),
                 speaker: None,
+                avg_logprob: None,
+                no_speech_prob: None,
             })
             .collect();
         Transcript {

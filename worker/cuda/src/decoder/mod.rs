@@ -12,14 +12,20 @@
 //! its wait: there is no grid-wide barrier. Inside the envelope sized at warm-up that launch
 //! replays a captured CUDA graph; larger batches launch the same kernel on a temporary
 //! workspace, with the same results.
+//!
+//! Every decoded batch is then scored (`score.rs`): the decoding kernel keeps each row's
+//! prediction outputs, and one more kernel evaluates the joint at every frame and token
+//! (`model_core::scores`).
 
 mod gpu_decoder;
 mod layout;
+mod score;
 mod steps;
 mod weights;
 mod workspace;
 
 pub use gpu_decoder::GpuDecoder;
+pub use score::SCORED_TOKENS_PER_FRAME;
 
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -83,6 +89,7 @@ impl GpuDecoder {
         if cfg.pred_rnn_layers == 0
             || cfg.durations.is_empty()
             || outputs > MAX_OUTPUTS
+            || score::score_shared_bytes(cfg.joint_hidden) > score::DEFAULT_SHARED_BYTES
             || !cfg.pred_hidden.is_multiple_of(multiple)
             || !cfg.joint_hidden.is_multiple_of(multiple)
         {
@@ -91,10 +98,11 @@ impl GpuDecoder {
                 key: "decoder".into(),
                 problem: format!(
                     "the {} GPU decoder needs at least one LSTM layer and one duration, at \
-                     most {MAX_OUTPUTS} joint outputs, and hidden sizes that are multiples of \
-                     {multiple}; got {} layers, {} durations, {outputs} outputs, pred_hidden \
+                     most {MAX_OUTPUTS} joint outputs, joint_hidden at most {}, and hidden \
+                     sizes that are multiples of {multiple}; got {} layers, {} durations, {outputs} outputs, pred_hidden \
                      {}, joint_hidden {}",
                     storage.name(),
+                    score::DEFAULT_SHARED_BYTES / score::score_shared_bytes(1),
                     cfg.pred_rnn_layers,
                     cfg.durations.len(),
                     cfg.pred_hidden,
@@ -215,7 +223,11 @@ impl GpuDecoder {
             return Ok((Vec::new(), 0, Duration::ZERO));
         }
         if enc.time == 0 || enc.frames.iter().all(|f| *f == 0) {
-            return Ok((vec![Hypothesis::default(); enc.batch], 0, Duration::ZERO));
+            return Ok((
+                vec![Hypothesis::without_frames(); enc.batch],
+                0,
+                Duration::ZERO,
+            ));
         }
         if enc.d_model != self.d_model || enc.frames.len() != enc.batch {
             return Err(CudaEngineError::Shape {
@@ -313,10 +325,11 @@ impl GpuDecoder {
         } else {
             engine.download(&ws.tokens.slice(0..most * ws.rows * 3))?
         };
-        let hyps = counts
+        let mut hyps: Vec<Hypothesis> = counts
             .iter()
             .enumerate()
             .map(|(b, &count)| Hypothesis {
+                scores: None,
                 tokens: (0..count)
                     .map(|n| {
                         let t = &raw[(n * ws.rows + b) * 3..][..3];
@@ -329,6 +342,7 @@ impl GpuDecoder {
                     .collect(),
             })
             .collect();
+        self.score(engine, ws, enc, &mut hyps)?;
         Ok((hyps, steps, launch))
     }
 }

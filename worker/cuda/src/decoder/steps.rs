@@ -15,7 +15,7 @@ use super::layout::{DecodeLayout, DECODE_THREADS};
 use super::weights::KernelMatrix;
 use super::workspace::{DecoderWorkspace, StepGraph};
 
-/// `TdtParams` in `decoder.cu`: 19 device addresses, then 18 ints, in this order.
+/// `TdtParams` in `decoder.cu`: 20 device addresses, then 19 ints, in this order.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 struct TdtParams {
@@ -38,6 +38,7 @@ struct TdtParams {
     out_b: u64,
     keys: u64,
     durations: u64,
+    pred_hist: u64,
     rows: i32,
     layers: i32,
     hidden: i32,
@@ -56,10 +57,12 @@ struct TdtParams {
     shared_warp_sums: i32,
     shared_x_table: i32,
     shared_cells: i32,
+    hist_capacity: i32,
 }
 
-// SAFETY: plain integers in C layout (8-byte fields first, so no padding), the layout of
-// `TdtParams` in decoder.cu; the kernel receives it by value.
+// SAFETY: plain integers in C layout (8-byte fields first, so no padding between fields; the
+// odd int count pads the end to 8 bytes in both languages), the layout of `TdtParams` in
+// decoder.cu; the kernel receives it by value.
 unsafe impl DeviceRepr for TdtParams {}
 
 impl GpuDecoder {
@@ -137,6 +140,7 @@ impl GpuDecoder {
             out_b: addr(&w.out.bias),
             keys: p.keys,
             durations: w.durations.device_ptr(stream).0,
+            pred_hist: p.pred_hist,
             rows: to_i32(op, "rows", ws.rows)?,
             layers: to_i32(op, "layers", self.layers())?,
             hidden: to_i32(op, "hidden", self.hidden())?,
@@ -155,6 +159,7 @@ impl GpuDecoder {
             shared_warp_sums: to_i32(op, "shared_warp_sums", layout.warp_sums_at)?,
             shared_x_table: optional_offset("shared_x_table", layout.x_table_at)?,
             shared_cells: optional_offset("shared_cells", layout.cells_at)?,
+            hist_capacity: to_i32(op, "hist_capacity", ws.hist_capacity)?,
         })
     }
 

@@ -8,6 +8,7 @@ use crate::device::CudaEngine;
 use crate::error::{DriverContext, Result};
 
 use super::layout::{DS_FIELDS, KEYS_PER_BLOCK_ROW, RS_FIELDS};
+use super::score::SCORED_TOKENS_PER_FRAME;
 
 /// The decoder's sizes a workspace is allocated for (besides its rows and frames).
 #[derive(Debug, Clone, Copy)]
@@ -35,6 +36,7 @@ pub(crate) struct Pointers {
     pub(crate) keys: u64,
     pub(crate) tokens: u64,
     pub(crate) enc_proj: u64,
+    pub(crate) pred_hist: u64,
 }
 
 pub(crate) struct DecoderWorkspace {
@@ -45,6 +47,9 @@ pub(crate) struct DecoderWorkspace {
     /// Tokens per row the output holds: `max_frames * max_symbols`, a true bound (a row
     /// emits at most `max_symbols` labels per frame).
     pub(crate) token_capacity: usize,
+    /// Prediction outputs kept per row for scoring (after 0, 1, ... tokens):
+    /// `SCORED_TOKENS_PER_FRAME * max_frames + 1`, enough for every row `score` scores.
+    pub(crate) hist_capacity: usize,
     pub(crate) rs: CudaSlice<i32>,
     /// Steps run since the reset, and the counters that tag the exchanged values (`DS_*` in
     /// `decoder.cu`).
@@ -53,6 +58,8 @@ pub(crate) struct DecoderWorkspace {
     pub(crate) enc_rows: CudaSlice<i32>,
     pub(crate) tokens: CudaSlice<i32>,
     pub(crate) enc_proj: CudaSlice<f32>,
+    /// Owns `ptr.pred_hist`, `[hist_capacity, rows, J]` (`pred_hist` of `decoder.cu`).
+    _pred_hist: CudaSlice<f32>,
     /// Own the buffers `ptr` points into: c, rec, pred_proj; the tagged h and joint input;
     /// the blocks' choice keys.
     _state: Vec<CudaSlice<f32>>,
@@ -86,6 +93,8 @@ impl DecoderWorkspace {
         let enc_rows = engine.zeros::<i32>(rows)?;
         let tokens = engine.zeros::<i32>(rows * token_capacity * 3)?;
         let enc_proj = engine.zeros::<f32>(rows * max_frames * j)?;
+        let hist_capacity = SCORED_TOKENS_PER_FRAME * max_frames + 1;
+        let pred_hist = engine.zeros::<f32>(hist_capacity * rows * j)?;
         // c, the recurrent products (4 gates per unit), pred_proj.
         let state = [state_len, 4 * state_len, rows * j]
             .into_iter()
@@ -116,17 +125,20 @@ impl DecoderWorkspace {
             keys: keys.device_ptr(stream).0,
             tokens: addr_i32(&tokens),
             enc_proj: addr(&enc_proj),
+            pred_hist: addr(&pred_hist),
         };
         Ok(Self {
             rows,
             max_frames,
             token_capacity,
+            hist_capacity,
             rs,
             ds,
             frames,
             enc_rows,
             tokens,
             enc_proj,
+            _pred_hist: pred_hist,
             _state: state,
             _tagged: tagged,
             _keys: keys,
