@@ -5,6 +5,13 @@ use model_core::config::DecoderConfig;
 
 use crate::storage::StorageKind;
 
+/// The most tokens per encoder frame (80 ms) of an utterance that gets scores: 25 a second,
+/// beyond any speech (Parakeet emits a few subword tokens a second). The decoder keeps this many
+/// prediction outputs per frame of its workspace; a row with more tokens (a degenerate model)
+/// goes unscored. The rule depends on the row alone, so a row's scores never depend on its
+/// batch.
+pub const SCORED_TOKENS_PER_FRAME: usize = 2;
+
 /// Fields per row of the row-state buffer (`RS_FIELDS` in `decoder.cu`).
 pub(crate) const RS_FIELDS: usize = 8;
 pub(crate) const RS_TOKENS: usize = 6;

@@ -25,7 +25,7 @@ mod weights;
 mod workspace;
 
 pub use gpu_decoder::GpuDecoder;
-pub use score::SCORED_TOKENS_PER_FRAME;
+pub use layout::SCORED_TOKENS_PER_FRAME;
 
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};

@@ -13,6 +13,7 @@ use crate::kernels::Kernel;
 use crate::ops::to_i32;
 
 use super::gpu_decoder::GpuDecoder;
+use super::layout::SCORED_TOKENS_PER_FRAME;
 use super::workspace::DecoderWorkspace;
 
 /// `SCORE_ITEMS` and `SCORE_THREADS` in decoder.cu.
@@ -23,13 +24,6 @@ const SCORE_THREADS: u32 = 256;
 pub(super) fn score_shared_bytes(joint_hidden: usize) -> usize {
     SCORE_ITEMS * joint_hidden * std::mem::size_of::<f32>()
 }
-
-/// The most tokens per encoder frame (80 ms) of an utterance that gets scores: 25 a second,
-/// beyond any speech (Parakeet emits a few subword tokens a second). The decoder keeps this many
-/// prediction outputs per frame of its workspace; a row with more tokens (a degenerate model)
-/// goes unscored. The rule depends on the row alone, so a row's scores never depend on its
-/// batch.
-pub const SCORED_TOKENS_PER_FRAME: usize = 2;
 
 /// Shared memory a launch gets without opting in.
 pub(super) const DEFAULT_SHARED_BYTES: usize = 48 * 1024;

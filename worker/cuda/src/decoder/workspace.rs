@@ -7,8 +7,7 @@ use cudarc::driver::{CudaGraph, CudaSlice, DevicePtr};
 use crate::device::CudaEngine;
 use crate::error::{DriverContext, Result};
 
-use super::layout::{DS_FIELDS, KEYS_PER_BLOCK_ROW, RS_FIELDS};
-use super::score::SCORED_TOKENS_PER_FRAME;
+use super::layout::{DS_FIELDS, KEYS_PER_BLOCK_ROW, RS_FIELDS, SCORED_TOKENS_PER_FRAME};
 
 /// The decoder's sizes a workspace is allocated for (besides its rows and frames).
 #[derive(Debug, Clone, Copy)]
