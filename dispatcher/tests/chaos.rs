@@ -1,7 +1,9 @@
 //! A short run of the project's chaos test (`scripts/chaos/chaos.py`): three `dispatcher run`
 //! processes against SQS and S3 on moto behind a fault-injecting proxy (5xx, throttling, slow
-//! answers, connections dropped before and after moto acts), one of them SIGKILLed or SIGTERMed
-//! every 2-4 s, 60 jobs with awkward keys, bad inputs, duplicates and poison messages; then
+//! answers, connections dropped before and after moto acts; on result uploads KMS throttling and
+//! flipped bytes, which the upload's checksum must catch; SSE-KMS asked on every upload), one of
+//! them SIGKILLed or SIGTERMed every 2-4 s, 60 jobs with awkward keys, bad inputs, duplicates and
+//! poison messages; then
 //! `dispatcher reconcile`: every input exactly one complete result or a failure record, the
 //! queue empty, only the poison messages dead-lettered. The 500-job run is in
 //! docs/operations.md.
@@ -47,6 +49,14 @@ fn chaos_loses_nothing_and_writes_nothing_twice() {
         .sum();
     let kills = summary["kills"]["SIGKILL"].as_u64().unwrap_or(0)
         + summary["kills"]["SIGTERM"].as_u64().unwrap_or(0);
-    // The run must actually have been chaotic.
+    // The run must actually have been chaotic, result uploads included: KMS throttled some and
+    // the checksum every upload carries caught the flipped bytes (chaos.py already failed the
+    // run for an upload without SSE-KMS or a checksum, or a flip that reached moto).
     assert!(faults >= 10 && kills >= 2, "{summary}");
+    let uploads = &summary["result_uploads"];
+    assert!(
+        summary["faults_injected"]["kms_throttle"].as_u64() >= Some(1)
+            && uploads["flips_rejected"].as_u64() >= Some(1),
+        "{summary}"
+    );
 }

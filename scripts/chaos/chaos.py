@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """The project's own chaos run (issue 30): SQS and S3 on a moto_server on 127.0.0.1, behind a
 fault-injecting proxy (5xx, throttling, slow answers, connections dropped before the request
-reaches moto and after moto has done it); several `dispatcher run` processes, one SIGKILLed or
+reaches moto and after moto has done it; on result uploads also KMS throttling and a flipped
+byte, which the proxy checks against the checksum the upload carries and rejects with
+`BadDigest` as S3 does, since moto does not verify checksums); several `dispatcher run`
+processes writing with SSE-KMS, one SIGKILLed or
 SIGTERMed (and started again) every 5-10 s; inputs with awkward keys, a few that are not audio,
 duplicate messages, poison messages. It ends with `dispatcher reconcile` straight against moto:
 every input must have exactly one complete result (or a failure record, for the bad ones), the
-queue must be empty and the dead-letter queue must hold the poison messages only.
+queue must be empty and the dead-letter queue must hold the poison messages only; every result
+upload must have asked for SSE-KMS and carried a checksum, and no flipped byte may reach moto.
 
     python3 scripts/chaos/chaos.py --dispatcher target/release/dispatcher --jobs 500
 
@@ -15,7 +19,9 @@ boto3 (scripts/ci-requirements.txt).
 
 import argparse
 import asyncio
+import base64
 import glob
+import hashlib
 import json
 import os
 import random
@@ -26,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 
 import boto3
 
@@ -45,17 +52,81 @@ def free_port():
 
 # ---- the fault-injecting proxy ----------------------------------------------------------------
 
+def decode_aws_chunked(body):
+    """The payload, the trailers and the offset of the first payload byte of an `aws-chunked`
+    body (`<hex size>[;ext]\r\n<data>\r\n ... 0\r\n<trailers>\r\n\r\n`)."""
+    data, pos, first = b"", 0, None
+    while True:
+        eol = body.index(b"\r\n", pos)
+        size = int(body[pos:eol].split(b";")[0], 16)
+        pos = eol + 2
+        if size == 0:
+            break
+        first = pos if first is None else first
+        data += body[pos:pos + size]
+        pos += size + 2
+    trailers = {}
+    for line in body[pos:].split(b"\r\n"):
+        if b":" in line:
+            k, v = line.split(b":", 1)
+            trailers[k.strip().lower().decode()] = v.strip().decode()
+    return data, trailers, first
+
+
+def checksums_of(headers, body):
+    """The payload and every checksum an S3 upload carries (header or aws-chunked trailer) as
+    {name: (sent, computed)} for the algorithms the standard library has (CRC32, SHA-1,
+    SHA-256, MD5); other algorithms are listed with computed None."""
+    trailers = {}
+    payload = body
+    if "aws-chunked" in headers.get("content-encoding", ""):
+        payload, trailers, _ = decode_aws_chunked(body)
+    sent = {k: v for k, v in {**headers, **trailers}.items() if k.startswith("x-amz-checksum-")
+            and k != "x-amz-checksum-type"}
+    if "content-md5" in headers:
+        sent["content-md5"] = headers["content-md5"]
+    b64 = lambda raw: base64.b64encode(raw).decode()
+    compute = {
+        "x-amz-checksum-crc32": lambda p: b64(zlib.crc32(p).to_bytes(4, "big")),
+        "x-amz-checksum-sha1": lambda p: b64(hashlib.sha1(p).digest()),
+        "x-amz-checksum-sha256": lambda p: b64(hashlib.sha256(p).digest()),
+        "content-md5": lambda p: b64(hashlib.md5(p).digest()),
+    }
+    return {k: (v, compute[k](payload) if k in compute else None) for k, v in sent.items()}
+
+
+def flip_a_byte(headers, body):
+    """The body with one payload byte inverted (in the first aws-chunked chunk when chunked)."""
+    at = len(body) // 2
+    if "aws-chunked" in headers.get("content-encoding", ""):
+        _, _, first = decode_aws_chunked(body)
+        if first is None:
+            return body
+        at = first
+    if not body:
+        return body
+    return body[:at] + bytes([body[at] ^ 0xFF]) + body[at + 1:]
+
+
 class Proxy:
     """HTTP/1.1, one request per connection (answers say `Connection: close`)."""
 
     KINDS = ["error_5xx", "throttle", "slow", "drop_before", "drop_after"]
+    # Only on uploads of results (PUT into the output bucket), at their own rate.
+    UPLOAD_KINDS = ["kms_throttle", "flip"]
 
-    def __init__(self, upstream_port, rate, seed):
+    def __init__(self, upstream_port, rate, upload_rate, seed, out_bucket):
         self.upstream_port = upstream_port
         self.rate = rate
+        self.upload_rate = upload_rate
         self.rng = random.Random(seed)
-        self.counts = {k: 0 for k in self.KINDS}
+        self.out_bucket = out_bucket
+        self.counts = {k: 0 for k in self.KINDS + self.UPLOAD_KINDS}
         self.requests = 0
+        # Result uploads: seen, without SSE-KMS, without any checksum; flipped bytes the
+        # upload's checksum caught (answered BadDigest) and those it could not (forwarded).
+        self.uploads = {"puts": 0, "unencrypted": 0, "without_checksum": 0,
+                        "flips_rejected": 0, "flips_undetected": 0}
 
     async def read_request(self, reader):
         head = await reader.readuntil(b"\r\n\r\n")
@@ -100,10 +171,34 @@ class Proxy:
             writer.close()
             return
         self.requests += 1
-        kind = self.rng.choice(self.KINDS) if self.rng.random() < self.rate else None
+        request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+        upload = request_line.startswith(f"PUT /{self.out_bucket}/")
+        if upload and self.rng.random() < self.upload_rate:
+            kind = self.rng.choice(self.UPLOAD_KINDS)
+        else:
+            kind = self.rng.choice(self.KINDS) if self.rng.random() < self.rate else None
         if kind:
             self.counts[kind] += 1
+        if upload:
+            self.uploads["puts"] += 1
+            if headers.get("x-amz-server-side-encryption") != "aws:kms":
+                self.uploads["unencrypted"] += 1
+            if not checksums_of(headers, body):
+                self.uploads["without_checksum"] += 1
         try:
+            if kind == "kms_throttle":
+                # What S3 passes on when KMS throttles an SSE-KMS write.
+                writer.write(self.error_answer(headers, 400, "KMS.ThrottlingException"))
+                return
+            if kind == "flip":
+                body = flip_a_byte(headers, body)
+                sums = checksums_of(headers, body)
+                if any(computed is not None and computed != sent
+                       for sent, computed in sums.values()):
+                    self.uploads["flips_rejected"] += 1
+                    writer.write(self.error_answer(headers, 400, "BadDigest"))
+                    return
+                self.uploads["flips_undetected"] += 1
             if kind == "error_5xx":
                 writer.write(self.error_answer(headers, 500, "InternalError"))
                 return
@@ -166,6 +261,8 @@ def main():
     ap.add_argument("--poison", type=int, default=5, help="messages that are not jobs")
     ap.add_argument("--dispatchers", type=int, default=3)
     ap.add_argument("--fault-rate", type=float, default=0.08)
+    ap.add_argument("--upload-fault-rate", type=float, default=0.1,
+                    help="result uploads answered KMS.ThrottlingException or sent on with a flipped byte")
     ap.add_argument("--kill-every-s", type=float, nargs=2, default=[5.0, 10.0])
     ap.add_argument("--max-s", type=float, default=900)
     ap.add_argument("--seed", type=int, default=1)
@@ -179,7 +276,7 @@ def main():
     moto = subprocess.Popen(["moto_server", "-H", "127.0.0.1", "-p", str(moto_port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_port(moto_port)
-    proxy = Proxy(moto_port, args.fault_rate, args.seed)
+    proxy = Proxy(moto_port, args.fault_rate, args.upload_fault_rate, args.seed, "chaos-out")
     proxy.serve_in_background(proxy_port)
     wait_port(proxy_port)
     moto_url = f"http://127.0.0.1:{moto_port}"
@@ -223,7 +320,8 @@ def main():
     cmd = [args.dispatcher, "run", "--queue-url", queue.replace(str(moto_port), str(proxy_port)),
            "--output-uri", "s3://chaos-out/results/", "--model", MODEL,
            "--s3-force-path-style", "--wait-time-s", "2", "--visibility-timeout-s", "20",
-           "--drain-grace-s", "10", "--max-retry-delay-s", "5"]
+           "--drain-grace-s", "10", "--max-retry-delay-s", "5",
+           "--sse-kms-key-id", "arn:aws:kms:us-east-1:123456789012:key/chaos"]
     proxied_env = dict(env, AWS_ENDPOINT_URL=f"http://127.0.0.1:{proxy_port}")
     procs, starts = {}, 0
 
@@ -297,6 +395,7 @@ def main():
         "elapsed_s": round(elapsed, 1), "queue_empty": queue_empty(),
         "kills": kills, "sigterm_exit_codes": sorted(set(term_exits)), "process_starts": starts,
         "proxy_requests": proxy.requests, "faults_injected": proxy.counts,
+        "result_uploads": proxy.uploads,
         "reconcile_exit": recon.returncode,
         "reconcile": {k: report.get(k) for k in ("inputs", "complete", "failed", "missing", "incomplete")},
         "manifests": manifests,
@@ -308,7 +407,9 @@ def main():
     ok = (summary["queue_empty"] and recon.returncode == 0
           and report.get("complete") == args.jobs - len(bad) and report.get("failed") == len(bad)
           and manifests == args.jobs - len(bad) and len(dead) == args.poison
-          and summary["dead_letters_that_are_jobs"] == 0 and set(term_exits) <= {0})
+          and summary["dead_letters_that_are_jobs"] == 0 and set(term_exits) <= {0}
+          and proxy.uploads["unencrypted"] == 0 and proxy.uploads["without_checksum"] == 0
+          and proxy.uploads["flips_undetected"] == 0)
     sys.exit(0 if ok else 1)
 
 

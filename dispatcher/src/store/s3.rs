@@ -60,25 +60,38 @@ pub(crate) fn class_of<E: ProvideErrorMetadata, R: HttpStatus>(err: &SdkError<E,
         SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
             ErrorClass::Transient
         }
-        SdkError::ServiceError(ctx) => {
-            let status = ctx.raw().status_code();
-            let code = ctx.err().code().unwrap_or_default();
-            let throttled = matches!(
-                code,
-                "SlowDown"
-                    | "Throttling"
-                    | "ThrottlingException"
-                    | "RequestTimeout"
-                    | "ConditionalRequestConflict"
-                    | "OperationAborted"
-            );
-            if status >= 500 || status == 429 || status == 409 || throttled {
-                ErrorClass::Transient
-            } else {
-                ErrorClass::Infrastructure
-            }
-        }
+        SdkError::ServiceError(ctx) => class_of_answer(
+            ctx.raw().status_code(),
+            ctx.err().code().unwrap_or_default(),
+        ),
         _ => ErrorClass::Infrastructure,
+    }
+}
+
+/// The class of an S3 or SQS error answer. Transient besides 5xx, 429 and 409: any throttling
+/// (S3's `SlowDown`, SQS's `ThrottlingException`, KMS's `KMS.ThrottlingException` that S3
+/// passes on for SSE-KMS writes, with a 400), a body that arrived damaged (`BadDigest`,
+/// `InvalidDigest`, `XAmzContentSHA256Mismatch`, `IncompleteBody`: the checksum the SDK sends
+/// caught it, and sending it again fixes it) and conflicts. Every other 4xx, such as
+/// `AccessDenied` or `KMS.DisabledException`, is this node's infrastructure: the message is
+/// released for later and the node stops taking work (and says so in its log and metrics).
+fn class_of_answer(status: u16, code: &str) -> ErrorClass {
+    let retry_fixes_it = code.contains("Throttl")
+        || matches!(
+            code,
+            "SlowDown"
+                | "RequestTimeout"
+                | "ConditionalRequestConflict"
+                | "OperationAborted"
+                | "BadDigest"
+                | "InvalidDigest"
+                | "XAmzContentSHA256Mismatch"
+                | "IncompleteBody"
+        );
+    if status >= 500 || status == 429 || status == 409 || retry_fixes_it {
+        ErrorClass::Transient
+    } else {
+        ErrorClass::Infrastructure
     }
 }
 
@@ -251,5 +264,41 @@ impl ObjectStore for S3Store {
             None
         };
         Ok(ListPage { objects, next })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_a_retry_fixes_are_transient_the_rest_stop_the_node() {
+        for (status, code) in [
+            (503, "SlowDown"),
+            (500, "InternalError"),
+            (400, "ThrottlingException"),
+            (400, "KMS.ThrottlingException"),
+            (400, "BadDigest"),
+            (400, "XAmzContentSHA256Mismatch"),
+            (409, "ConditionalRequestConflict"),
+        ] {
+            assert_eq!(
+                class_of_answer(status, code),
+                ErrorClass::Transient,
+                "{code}"
+            );
+        }
+        for (status, code) in [
+            (403, "AccessDenied"),
+            (400, "KMS.DisabledException"),
+            (400, "KMS.NotFoundException"),
+            (404, "NoSuchBucket"),
+        ] {
+            assert_eq!(
+                class_of_answer(status, code),
+                ErrorClass::Infrastructure,
+                "{code}"
+            );
+        }
     }
 }
