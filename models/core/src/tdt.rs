@@ -439,6 +439,14 @@ mod tests {
         }
     }
 
+    /// The toy network for [`config`]'s vocabulary and durations.
+    fn toy_net() -> ToyNet {
+        ToyNet {
+            vocab: 6,
+            n_durations: 5,
+        }
+    }
+
     fn config(max_symbols: usize) -> DecoderConfig {
         DecoderConfig {
             vocab_size: 6,
@@ -454,10 +462,7 @@ mod tests {
     fn batch_matches_single_and_reference() {
         for max_symbols in [1, 2, 10] {
             let cfg = config(max_symbols);
-            let mut net = ToyNet {
-                vocab: 6,
-                n_durations: 5,
-            };
+            let mut net = toy_net();
             let utts: Vec<_> = [(1, 37), (2, 0), (3, 5), (4, 120), (5, 1)]
                 .into_iter()
                 .map(|(s, f)| utterance(s, f))
@@ -528,10 +533,7 @@ mod tests {
     #[test]
     fn scores_follow_their_definition_batched_or_not() {
         let cfg = config(3);
-        let mut net = ToyNet {
-            vocab: 6,
-            n_durations: 5,
-        };
+        let mut net = toy_net();
         let utts: Vec<_> = [(11, 300), (12, 0), (13, 40)]
             .into_iter()
             .map(|(s, f)| utterance(s, f))
@@ -553,10 +555,7 @@ mod tests {
     #[test]
     fn max_symbols_caps_emissions_per_frame() {
         let cfg = config(2);
-        let mut net = ToyNet {
-            vocab: 6,
-            n_durations: 5,
-        };
+        let mut net = toy_net();
         let hyps = greedy_decode(&mut net, &cfg, &[utterance(9, 300)]).expect("decode");
         let mut per_frame = std::collections::BTreeMap::new();
         for t in &hyps[0].tokens {
