@@ -27,13 +27,41 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 /// The backend's queue, with each non-empty receive answering `delay` late (SQS has handed
-/// the messages out; its answer is still on the wire) and every receive's start recorded.
+/// the messages out; its answer is still on the wire); every receive's start, every answered
+/// receipt (with when it was answered) and every released receipt recorded.
 struct LateAnswers {
     inner: Arc<dyn Queue>,
     delay: Duration,
     answered: Notify,
     starts: Mutex<Vec<Instant>>,
     delivered: AtomicU64,
+    answers: Mutex<Vec<(Instant, String)>>,
+    releases: Mutex<Vec<String>>,
+}
+
+impl LateAnswers {
+    fn new(inner: Arc<dyn Queue>, delay: Duration) -> Self {
+        Self {
+            inner,
+            delay,
+            answered: Notify::new(),
+            starts: Mutex::new(Vec::new()),
+            delivered: AtomicU64::new(0),
+            answers: Mutex::new(Vec::new()),
+            releases: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Released messages whose receive had answered before `at`.
+    fn released_of_answers_before(&self, at: Instant) -> usize {
+        let answers = self.answers.lock().expect("lock");
+        self.releases
+            .lock()
+            .expect("lock")
+            .iter()
+            .filter(|r| answers.iter().any(|(t, a)| a == *r && *t < at))
+            .count()
+    }
 }
 
 #[async_trait]
@@ -52,6 +80,11 @@ impl Queue for LateAnswers {
             self.answered.notify_one();
             tokio::time::sleep(self.delay).await;
         }
+        let now = Instant::now();
+        self.answers
+            .lock()
+            .expect("lock")
+            .extend(messages.iter().map(|m| (now, m.receipt.clone())));
         Ok(messages)
     }
     async fn extend(&self, receipt: &str, visibility: Duration) -> Result<()> {
@@ -61,6 +94,7 @@ impl Queue for LateAnswers {
         self.inner.delete_batch(receipts).await
     }
     async fn release(&self, receipt: &str) -> Result<()> {
+        self.releases.lock().expect("lock").push(receipt.to_string());
         self.inner.release(receipt).await
     }
     async fn send_batch(&self, bodies: &[String]) -> Result<Vec<Result<()>>> {
@@ -112,13 +146,7 @@ async fn finish_the_rest(backend: &Backend, jobs: usize) -> RunSummary {
 
 async fn a_receive_in_progress_at_the_stop_releases_what_it_got(backend: Backend) {
     enqueue(&backend, 3).await;
-    let queue = Arc::new(LateAnswers {
-        inner: backend.queue.clone(),
-        delay: Duration::from_secs(2),
-        answered: Notify::new(),
-        starts: Mutex::new(Vec::new()),
-        delivered: AtomicU64::new(0),
-    });
+    let queue = Arc::new(LateAnswers::new(backend.queue.clone(), Duration::from_secs(2)));
     let settings = common::settings(&backend, |s| {
         s.receivers = Some(1);
         s.visibility_timeout_s = Some(60);
@@ -233,6 +261,9 @@ struct Interrupted {
     /// From the notice being served to the consumer's return.
     stopped_within: Duration,
     receives_after_notice: usize,
+    /// Released messages whose receive had answered before the notice was served: jobs
+    /// started before the notice and not finished.
+    released_started: usize,
 }
 
 /// Runs a consumer with the watcher; once `started_jobs` are done and another is in flight,
@@ -247,13 +278,7 @@ async fn interrupt(
     let state = Shared::default();
     state.lock().expect("lock").lifecycle_state = Some("InService");
     let url = serve_imds(state.clone()).await;
-    let queue = Arc::new(LateAnswers {
-        inner: backend.queue.clone(),
-        delay: Duration::ZERO,
-        answered: Notify::new(),
-        starts: Mutex::new(Vec::new()),
-        delivered: AtomicU64::new(0),
-    });
+    let queue = Arc::new(LateAnswers::new(backend.queue.clone(), Duration::ZERO));
     let metrics = MetricsRuntime::start(settings, None)
         .await
         .expect("metrics");
@@ -293,11 +318,13 @@ async fn interrupt(
         .iter()
         .filter(|t| **t > watcher_returned)
         .count();
+    let released_started = queue.released_of_answers_before(served);
     Interrupted {
         summary,
         notice,
         stopped_within,
         receives_after_notice,
+        released_started,
     }
 }
 
@@ -338,7 +365,9 @@ async fn a_spot_notice_drains_within_the_notice(backend: Backend) {
         result.stopped_within
     );
     let summary = result.summary;
-    assert_eq!(summary.released, 0, "short jobs finish: {summary:?}");
+    // A receive in progress when the stop came may return its one message, released at once.
+    assert_eq!(result.released_started, 0, "short jobs finish: {summary:?}");
+    assert!(summary.released <= 1, "{summary:?}");
     assert!(
         summary.done >= 2 && summary.done < jobs as u64,
         "{summary:?}"
