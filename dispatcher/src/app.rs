@@ -112,6 +112,7 @@ pub fn pipeline_settings(settings: &Settings, sizing: &Sizing) -> Result<Pipelin
             .as_deref()
             .map(crate::tenants::Tenants::load)
             .transpose()?,
+        checkpoint_every_s: settings.checkpoint_every_s,
     })
 }
 
@@ -129,6 +130,7 @@ pub fn consumer_settings(
         drain_grace: Duration::from_secs(settings.drain_grace_s),
         exit_when_idle,
         max_retry_delay: Duration::from_secs(settings.max_retry_delay_s),
+        visibility_cap: crate::lifecycle::heartbeat::VISIBILITY_CAP,
     }
 }
 

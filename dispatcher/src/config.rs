@@ -63,14 +63,19 @@ settings! {
         drain_grace_s: u64 = 90;
         /// Inputs above this size are refused before download (bytes).
         max_input_bytes: u64 = 2 << 30;
-        /// Recordings longer than this are refused (seconds).
-        max_audio_duration_s: u64 = 4 * 3600;
+        /// Recordings longer than this are refused (seconds). A recording takes about 230 MB
+        /// of memory per hour of audio while it is transcribed.
+        max_audio_duration_s: u64 = 12 * 3600;
         /// Longest piece of audio given to the model at once (seconds); longer recordings are
         /// cut at quiet points into pieces no longer than this. The default, full attention's 24
         /// minutes, runs every recording up to that length in one pass, as NeMo's transcribe() does;
         /// raise it to run longer ones in one pass too (local attention beyond
         /// `full_attention_max_s`), or lower it to 30 for the short pieces that batch best.
         max_segment_s: f64 = model_core::long_audio::DEFAULT_FULL_ATTENTION_MAX_S;
+        /// Recordings longer than this many seconds are transcribed in checkpoints of about
+        /// this much audio each (whole segments), saved in the result location as they
+        /// finish: a job stopped by a crash, a drain or SQS's 12 h lease resumes after the last.
+        checkpoint_every_s: f64 = 3600.0;
         /// Retries of a transient store error inside one job.
         retry_max: usize = 4;
         /// Longest delay before a transiently failed message is retried (seconds).
@@ -183,6 +188,12 @@ impl Settings {
             return bad(format!("{name} must be at least 1 (leave it unset to size it from the engine and the host)"));
         }
         check_max_segment_s(self.max_segment_s)?;
+        if !(self.checkpoint_every_s.is_finite() && self.checkpoint_every_s >= 1.0) {
+            return bad(format!(
+                "checkpoint_every_s must be a number of seconds of at least 1, got {}",
+                self.checkpoint_every_s
+            ));
+        }
         if self.instance_metadata_url.is_some() && self.instance_metadata_poll_s == 0 {
             return bad("instance_metadata_poll_s must be at least 1".into());
         }

@@ -64,6 +64,10 @@ pub enum DispatchError {
     },
     #[error("lease on message {message_id} was lost")]
     LeaseLost { message_id: String },
+    /// A checkpointed job stopped part-way (its lease ran out or it was cancelled); the next
+    /// delivery resumes after the saved checkpoints.
+    #[error("job stopped with {saved} of {checkpoints} checkpoints saved; it resumes from there")]
+    Stopped { saved: usize, checkpoints: usize },
     #[error("instance metadata request {path} failed: {message}")]
     InstanceMetadata { path: String, message: String },
 
@@ -122,7 +126,9 @@ impl DispatchError {
             Self::ResultMismatch { .. } | Self::Inference(_) | Self::Engine(_) => {
                 ErrorClass::Infrastructure
             }
-            Self::LeaseLost { .. } | Self::InstanceMetadata { .. } => ErrorClass::Transient,
+            Self::LeaseLost { .. } | Self::Stopped { .. } | Self::InstanceMetadata { .. } => {
+                ErrorClass::Transient
+            }
             Self::Io { .. } | Self::Config(_) | Self::EngineLoad(_) => ErrorClass::Infrastructure,
         }
     }
@@ -146,6 +152,7 @@ impl DispatchError {
             Self::ResultMismatch { .. } => "result_mismatch",
             Self::Queue { .. } => "queue_error",
             Self::LeaseLost { .. } => "lease_lost",
+            Self::Stopped { .. } => "stopped",
             Self::InstanceMetadata { .. } => "instance_metadata_error",
             Self::Audio { reason, .. } => reason,
             Self::Inference(_) | Self::Engine(_) => "inference_error",

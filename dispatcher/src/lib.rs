@@ -4,6 +4,7 @@
 pub mod app;
 pub mod aws;
 pub mod backfill;
+pub mod checkpoint;
 pub mod config;
 pub mod decode;
 pub mod diarizer;

@@ -126,7 +126,7 @@ mod tests {
             s.cloudwatch_namespace.as_deref(),
             Some("Transcription/Dispatcher")
         );
-        assert_eq!((s.max_audio_duration_s, s.receivers), (14_400, Some(3)));
+        assert_eq!((s.max_audio_duration_s, s.receivers), (43_200, Some(3)));
         assert_eq!(s.retry_max, 4, "a built-in default");
     }
 

@@ -23,8 +23,10 @@ pub const FAILURE_NAME: &str = "failure.json";
 pub const RECORD_SCHEMA_VERSION: u32 = 1;
 /// Content tag used when the input could not be read at all (missing object).
 pub const MISSING_TAG: &str = "missing";
-/// Longest output file name we append to a result directory.
+/// Longest output file name we append to a result directory (checkpoints' included).
 const LONGEST_NAME: usize = 24;
+/// Largest manifest or failure record read back.
+const MAX_RECORD_BYTES: u64 = 16 << 20;
 
 /// The directory (key prefix) holding one input's results for one model.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,7 +189,7 @@ impl Writer<'_> {
     /// The manifest or failure record already at `loc`, if any (checked before doing work).
     pub async fn existing(&self, loc: &ResultLocation) -> Result<Option<Existing>> {
         if let Some(bytes) = self
-            .read_if_present(&loc.bucket, &loc.manifest_key())
+            .read_if_present(&loc.bucket, &loc.manifest_key(), MAX_RECORD_BYTES)
             .await?
         {
             return Ok(Some(Existing::Manifest(parse_record(
@@ -197,7 +199,7 @@ impl Writer<'_> {
             )?)));
         }
         if let Some(bytes) = self
-            .read_if_present(&loc.bucket, &loc.failure_key())
+            .read_if_present(&loc.bucket, &loc.failure_key(), MAX_RECORD_BYTES)
             .await?
         {
             return Ok(Some(Existing::Failure(parse_record(
@@ -209,10 +211,16 @@ impl Writer<'_> {
         Ok(None)
     }
 
-    async fn read_if_present(&self, bucket: &str, key: &str) -> Result<Option<Bytes>> {
+    /// The object's bytes (at most `max_bytes`), `None` when it does not exist.
+    pub(crate) async fn read_if_present(
+        &self,
+        bucket: &str,
+        key: &str,
+        max_bytes: u64,
+    ) -> Result<Option<Bytes>> {
         let object = ObjectRef::new(bucket, key);
         let got = retry_transient(self.retry, "read record", || {
-            self.store.get(&object, 16 << 20, None)
+            self.store.get(&object, max_bytes, None)
         })
         .await;
         match got {
@@ -222,7 +230,8 @@ impl Writer<'_> {
         }
     }
 
-    async fn put(
+    /// Writes create-only, retrying what is transient.
+    pub(crate) async fn put(
         &self,
         bucket: &str,
         key: &str,

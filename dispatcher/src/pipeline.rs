@@ -8,6 +8,9 @@ use std::time::Instant;
 
 use model_core::render::RenderOptions;
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::checkpoint::StoreCheckpoints;
 
 use crate::decode::{self, AudioSettings, Decoded};
 use crate::diarizer::Diarizer;
@@ -21,7 +24,7 @@ use crate::outputs::{
     MISSING_TAG, RECORD_SCHEMA_VERSION,
 };
 use crate::queue::now_ms;
-use crate::recording::transcribe_recording;
+use crate::recording::{checkpoint_runs, transcribe_recording, Checkpoints};
 use crate::render;
 use crate::store::{ObjectMeta, ObjectStore};
 use crate::tenants::Tenants;
@@ -44,6 +47,10 @@ pub struct PipelineSettings {
     pub decode_threads: usize,
     /// Who may read and write where; `None`: no tenant checks.
     pub tenants: Option<Tenants>,
+    /// Recordings longer than this (seconds of audio) are transcribed in checkpoints of about
+    /// this much audio each, saved in the result location as they finish, so a job that stops
+    /// (its 12 h lease, a crash, a drain) resumes after the last one saved.
+    pub checkpoint_every_s: f64,
 }
 
 /// How a job ended, when it ended cleanly (the message can be deleted).
@@ -149,7 +156,8 @@ impl Pipeline {
     }
 
     /// Runs one job. `Ok` means the message can be deleted; `Err` means it must not be.
-    pub async fn process(&self, job: &Job) -> Result<JobOutcome> {
+    /// A checkpointed job stops at its next checkpoint once `stop` is cancelled.
+    pub async fn process(&self, job: &Job, stop: &CancellationToken) -> Result<JobOutcome> {
         let started = Instant::now();
         tracing::debug!(job_id = %job.job_id, input = %job.input.uri(), "job started");
         let output = self.output_prefix(job)?;
@@ -199,7 +207,7 @@ impl Pipeline {
             tracing::info!(job_id = %job.job_id, dir = %loc.dir, "result already exists; skipping");
             return Ok(JobOutcome::AlreadyDone);
         }
-        let outcome = match self.transcribe_into(job, &meta, &loc, started).await {
+        let outcome = match self.transcribe_into(job, &meta, &loc, started, stop).await {
             Ok(outcome) => outcome,
             Err(e) if e.class() == ErrorClass::Permanent => {
                 return self.record_failure(job, &loc, Some(&meta), e).await;
@@ -240,6 +248,7 @@ impl Pipeline {
         meta: &ObjectMeta,
         loc: &ResultLocation,
         started: Instant,
+        stop: &CancellationToken,
     ) -> Result<JobOutcome> {
         let diarizer = match (job.diarize, &self.diarizer) {
             (false, _) => None,
@@ -305,6 +314,8 @@ impl Pipeline {
         let per_call = self.settings.segments_per_call;
         let recording = decoded.clone();
         let diarizing = diarizer.clone();
+        let checkpoints = self.checkpoints(&decoded, loc, stop).map(Arc::new);
+        let saving = checkpoints.clone();
         let result = tokio::task::spawn_blocking(move || {
             transcribe_recording(
                 transcriber.as_ref(),
@@ -312,11 +323,19 @@ impl Pipeline {
                 &recording,
                 per_call,
                 Priority::Batch,
+                saving.as_deref().map(|c| c as &dyn Checkpoints),
             )
         })
         .await
-        .map_err(|e| DispatchError::Inference(format!("inference thread panicked: {e}")))??;
+        .map_err(|e| DispatchError::Inference(format!("inference thread panicked: {e}")))?;
         drop(_slot);
+        if let Some(c) = &checkpoints {
+            if c.loaded() > 0 {
+                tracing::info!(job_id = %job.job_id, dir = %loc.dir, resumed_checkpoints = c.loaded(),
+                    "resumed after the checkpoints an earlier attempt saved");
+            }
+        }
+        let result = result?;
         self.metrics.emit(MetricEvent::StageSeconds {
             stage: Stage::Inference,
             seconds: result.inference_s,
@@ -370,6 +389,29 @@ impl Pipeline {
                 manifest_key: loc.manifest_key(),
             },
             WriteOutcome::AlreadyDone => JobOutcome::AlreadyDone,
+        })
+    }
+
+    /// Checkpoints for a recording long enough to be worth them (more than one), else `None`.
+    fn checkpoints(
+        &self,
+        decoded: &Decoded,
+        loc: &ResultLocation,
+        stop: &CancellationToken,
+    ) -> Option<StoreCheckpoints> {
+        let every_s = self.settings.checkpoint_every_s;
+        if decoded.duration_s <= every_s {
+            return None;
+        }
+        let every_samples = (every_s * f64::from(audio::TARGET_SAMPLE_RATE_HZ)) as usize;
+        (checkpoint_runs(&decoded.segments, every_samples).len() > 1).then(|| {
+            StoreCheckpoints::new(
+                self.store.clone(),
+                self.settings.retry,
+                loc.clone(),
+                every_samples,
+                stop.clone(),
+            )
         })
     }
 

@@ -2,9 +2,14 @@
 //! recording's segments go to the transcriber a few per call, their transcripts are stitched
 //! into one (times shifted by each segment's start), and when a diarizer is given it runs over
 //! the whole recording at the same time and its speaker turns label the words and segments.
-//! Synchronous: the pipeline runs it on a blocking thread.
+//! A long recording can be transcribed in checkpointed runs of segments ([`Checkpoints`]), so a
+//! job that stops part-way resumes where it left off. Synchronous: the pipeline runs it on a
+//! blocking thread.
 
+use std::ops::Range;
 use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
 
 use model_core::speakers::{attribute_speakers, AttributionOptions, SpeakerSegment};
 use model_core::transcript::{Segment, TimedToken, Transcript, Word};
@@ -25,14 +30,46 @@ pub struct RecordingResult {
     pub diarization_s: f64,
 }
 
+/// Where a long recording's transcription is saved as it goes: consecutive runs of segments,
+/// each saved once transcribed and loaded instead of transcribed again when the job resumes.
+pub trait Checkpoints: Sync {
+    /// Most audio one checkpoint covers, in samples at 16 kHz (at least one segment each).
+    fn every_samples(&self) -> usize;
+    /// Checkpoint `index`'s saved transcripts of `segments`, if it was saved for exactly these.
+    fn load(&self, index: usize, segments: &[Range<usize>]) -> Result<Option<Vec<Piece>>>;
+    fn save(&self, index: usize, segments: &[Range<usize>], pieces: &[Piece]) -> Result<()>;
+    /// Asked before each checkpoint's work: whether the job must stop here (its lease is
+    /// lost, or it is being cancelled); what is saved stays for the next attempt.
+    fn stop_requested(&self) -> bool;
+}
+
+/// The segments of each checkpoint: consecutive runs of whole segments, each covering at most
+/// `every_samples` of audio (a longer segment is a run of its own).
+pub fn checkpoint_runs(segments: &[Range<usize>], every_samples: usize) -> Vec<Range<usize>> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    for (i, segment) in segments.iter().enumerate() {
+        if i > start && segment.end - segments[start].start > every_samples {
+            runs.push(start..i);
+            start = i;
+        }
+    }
+    if start < segments.len() {
+        runs.push(start..segments.len());
+    }
+    runs
+}
+
 /// Transcribes `decoded` with `segments_per_call` segments per transcriber call at `priority`,
-/// diarizing the whole recording alongside when `diarizer` is given.
+/// diarizing the whole recording alongside when `diarizer` is given, and saving (or resuming
+/// from) `checkpoints` when given.
 pub fn transcribe_recording(
     transcriber: &dyn Transcriber,
     diarizer: Option<&dyn Diarizer>,
     decoded: &Decoded,
     segments_per_call: usize,
     priority: Priority,
+    checkpoints: Option<&dyn Checkpoints>,
 ) -> Result<RecordingResult> {
     let pcm = decoded.pcm.as_slice();
     let (transcription, diarization) = std::thread::scope(|scope| {
@@ -44,8 +81,23 @@ pub fn transcribe_recording(
             })
         });
         let t = Instant::now();
-        let transcription = transcribe_segments(transcriber, decoded, segments_per_call, priority)
-            .map(|pieces| (pieces, t.elapsed().as_secs_f64()));
+        let transcription = match checkpoints {
+            Some(checkpoints) => transcribe_checkpointed(
+                transcriber,
+                decoded,
+                segments_per_call,
+                priority,
+                checkpoints,
+            ),
+            None => transcribe_segments(
+                transcriber,
+                decoded,
+                &decoded.segments,
+                segments_per_call,
+                priority,
+            ),
+        }
+        .map(|pieces| (pieces, t.elapsed().as_secs_f64()));
         let diarization = diarization.map(|handle| {
             handle.join().unwrap_or_else(|_| {
                 Err(DispatchError::Inference(
@@ -73,17 +125,47 @@ pub fn transcribe_recording(
     })
 }
 
-/// Each segment's transcript, in order, with its offset in the recording.
+/// Checkpoint by checkpoint: a saved one is loaded, the others transcribed and saved.
+fn transcribe_checkpointed(
+    transcriber: &dyn Transcriber,
+    decoded: &Decoded,
+    segments_per_call: usize,
+    priority: Priority,
+    checkpoints: &dyn Checkpoints,
+) -> Result<Vec<Piece>> {
+    let runs = checkpoint_runs(&decoded.segments, checkpoints.every_samples());
+    let mut pieces = Vec::with_capacity(decoded.segments.len());
+    for (index, run) in runs.iter().enumerate() {
+        let segments = &decoded.segments[run.clone()];
+        if let Some(saved) = checkpoints.load(index, segments)? {
+            pieces.extend(saved);
+            continue;
+        }
+        if checkpoints.stop_requested() {
+            return Err(DispatchError::Stopped {
+                saved: index,
+                checkpoints: runs.len(),
+            });
+        }
+        let new = transcribe_segments(transcriber, decoded, segments, segments_per_call, priority)?;
+        checkpoints.save(index, segments, &new)?;
+        pieces.extend(new);
+    }
+    Ok(pieces)
+}
+
+/// Each of `segments`' transcript, in order, with its offset in the recording.
 fn transcribe_segments(
     transcriber: &dyn Transcriber,
     decoded: &Decoded,
+    segments: &[Range<usize>],
     segments_per_call: usize,
     priority: Priority,
 ) -> Result<Vec<Piece>> {
     let frame_s = transcriber.frame_duration_s();
     let rate = f64::from(audio::TARGET_SAMPLE_RATE_HZ);
-    let mut pieces = Vec::with_capacity(decoded.segments.len());
-    for batch in decoded.segments.chunks(segments_per_call.max(1)) {
+    let mut pieces = Vec::with_capacity(segments.len());
+    for batch in segments.chunks(segments_per_call.max(1)) {
         let refs: Vec<&[f32]> = batch.iter().map(|r| &decoded.pcm[r.clone()]).collect();
         let transcripts = transcriber.transcribe_at(&refs, priority)?;
         if transcripts.len() != batch.len() {
@@ -106,6 +188,7 @@ fn transcribe_segments(
 }
 
 /// A segment's transcript and where the segment starts in the recording.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Piece {
     pub offset_s: f64,
     /// Encoder frames before this segment (for frame-indexed token spans).
@@ -204,6 +287,18 @@ mod tests {
                 }],
             },
         }
+    }
+
+    #[test]
+    fn checkpoint_runs_hold_whole_segments_up_to_the_limit() {
+        let segments = [0..10, 10..25, 25..30, 30..80, 80..85];
+        assert_eq!(checkpoint_runs(&segments, 30), vec![0..3, 3..4, 4..5]);
+        assert_eq!(checkpoint_runs(&segments, 1000), vec![0..5]);
+        assert_eq!(
+            checkpoint_runs(&segments, 1),
+            vec![0..1, 1..2, 2..3, 3..4, 4..5]
+        );
+        assert!(checkpoint_runs(&[], 30).is_empty());
     }
 
     #[test]

@@ -94,7 +94,10 @@ impl Queue for LateAnswers {
         self.inner.delete_batch(receipts).await
     }
     async fn release(&self, receipt: &str) -> Result<()> {
-        self.releases.lock().expect("lock").push(receipt.to_string());
+        self.releases
+            .lock()
+            .expect("lock")
+            .push(receipt.to_string());
         self.inner.release(receipt).await
     }
     async fn send_batch(&self, bodies: &[String]) -> Result<Vec<Result<()>>> {
@@ -146,7 +149,10 @@ async fn finish_the_rest(backend: &Backend, jobs: usize) -> RunSummary {
 
 async fn a_receive_in_progress_at_the_stop_releases_what_it_got(backend: Backend) {
     enqueue(&backend, 3).await;
-    let queue = Arc::new(LateAnswers::new(backend.queue.clone(), Duration::from_secs(2)));
+    let queue = Arc::new(LateAnswers::new(
+        backend.queue.clone(),
+        Duration::from_secs(2),
+    ));
     let settings = common::settings(&backend, |s| {
         s.receivers = Some(1);
         s.visibility_timeout_s = Some(60);

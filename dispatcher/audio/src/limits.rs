@@ -37,7 +37,7 @@ impl Default for AudioLimits {
     fn default() -> Self {
         Self {
             max_input_bytes: 2 * 1024 * 1024 * 1024,
-            max_duration_s: 4 * 3600,
+            max_duration_s: 12 * 3600,
             min_duration_ms: 160,
             max_channels: 32,
             min_sample_rate_hz: 8_000,

@@ -118,6 +118,7 @@ impl Transcribing<'_> {
             &decoded,
             self.args.segments_per_call,
             Priority::Batch,
+            None,
         )?)
     }
 }

@@ -1,19 +1,22 @@
 //! Keeps a received message invisible while its job runs: `ChangeMessageVisibility` every
 //! third of the visibility timeout, never asking past SQS's 12 h cap from the receive (SQS
-//! rejects such a request rather than clamping it).
+//! rejects such a request rather than clamping it). When the lease is lost or reaches the cap,
+//! it cancels the job's stop token: a checkpointed job stops at its next checkpoint and the
+//! message's next delivery resumes from there.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::error::DispatchError;
 use crate::queue::Queue;
 
 /// SQS's total visibility cap, counted from the receive.
 pub const VISIBILITY_CAP: Duration = Duration::from_secs(12 * 3600);
-/// Margin kept below the cap for clock skew between us and SQS.
+/// Margin kept below the cap for clock skew between us and SQS (at most a tenth of the cap).
 const CAP_MARGIN: Duration = Duration::from_secs(30);
 
 /// Stops heartbeating when dropped.
@@ -28,20 +31,25 @@ impl Heartbeat {
         receipt: String,
         received_at: Instant,
         visibility: Duration,
+        cap: Duration,
+        job_stop: CancellationToken,
     ) -> Self {
         let lost = Arc::new(AtomicBool::new(false));
         let flag = lost.clone();
         let task = tokio::spawn(async move {
             let period = (visibility / 3).max(Duration::from_millis(200));
+            let margin = CAP_MARGIN.min(cap / 10);
             loop {
                 tokio::time::sleep(period).await;
-                let left = VISIBILITY_CAP
+                let left = cap
                     .saturating_sub(received_at.elapsed())
-                    .saturating_sub(CAP_MARGIN);
+                    .saturating_sub(margin);
                 let next = visibility.min(left);
                 if next.is_zero() || next < visibility.min(Duration::from_secs(1)) {
-                    tracing::error!("visibility cap (12 h) reached; the message will reappear");
+                    tracing::warn!(cap_s = cap.as_secs_f64(),
+                        "visibility cap reached; the job stops at its next checkpoint and the message reappears");
                     flag.store(true, Ordering::SeqCst);
+                    job_stop.cancel();
                     return;
                 }
                 match queue.extend(&receipt, next).await {
@@ -49,6 +57,7 @@ impl Heartbeat {
                     Err(DispatchError::LeaseLost { message_id }) => {
                         tracing::warn!(%message_id, "lease lost; another receiver may have the message");
                         flag.store(true, Ordering::SeqCst);
+                        job_stop.cancel();
                         return;
                     }
                     // Try again next period; the remaining two thirds are the slack for this.
@@ -89,6 +98,8 @@ mod tests {
             got[0].receipt.clone(),
             got[0].received_at,
             vt,
+            VISIBILITY_CAP,
+            CancellationToken::new(),
         );
         tokio::time::sleep(vt * 3).await;
         assert!(queue
@@ -104,5 +115,31 @@ mod tests {
             again[0].receive_count, 2,
             "redelivered once heartbeats stopped"
         );
+    }
+
+    /// At the cap the heartbeat gives the lease up and stops the job (at its next checkpoint).
+    #[tokio::test]
+    async fn the_cap_stops_the_job() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let spool = SpoolQueue::open(dir.path(), 5).expect("open");
+        spool.send_one("very long job").expect("send");
+        let queue: Arc<dyn Queue> = Arc::new(spool);
+        let vt = Duration::from_millis(600);
+        let got = queue.receive(1, Duration::ZERO, vt).await.expect("rx");
+        let stop = CancellationToken::new();
+        let beat = Heartbeat::start(
+            queue.clone(),
+            got[0].receipt.clone(),
+            got[0].received_at,
+            vt,
+            Duration::from_secs(3),
+            stop.clone(),
+        );
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        assert!(!stop.is_cancelled() && !beat.lost(), "before the cap");
+        tokio::time::timeout(Duration::from_secs(5), stop.cancelled())
+            .await
+            .expect("stopped at the cap");
+        assert!(beat.lost());
     }
 }

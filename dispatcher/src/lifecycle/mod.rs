@@ -14,7 +14,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::error::{ErrorClass, Result};
+use crate::error::{DispatchError, ErrorClass, Result};
 use crate::job::{parse_message, Parsed};
 use crate::metrics::MetricEvent;
 use crate::pipeline::{JobOutcome, Pipeline};
@@ -46,6 +46,9 @@ pub struct ConsumerSettings {
     pub exit_when_idle: bool,
     /// Longest delay before a transiently failed message is visible again.
     pub max_retry_delay: Duration,
+    /// How long one receive's lease can be kept, from the receive: SQS's 12 h
+    /// ([`heartbeat::VISIBILITY_CAP`]); tests shorten it.
+    pub visibility_cap: Duration,
 }
 
 /// What happened to the messages this consumer handled.
@@ -285,14 +288,19 @@ impl Consumer {
                 .metrics()
                 .emit(MetricEvent::MessageAgeSeconds(age_s));
         }
+        // Cancelled when the lease is lost or the drain ends: a checkpointed job stops at its
+        // next checkpoint (a blocking thread's work is not dropped with the future below).
+        let job_stop = abort.child_token();
         let beat = Heartbeat::start(
             self.queue.clone(),
             message.receipt.clone(),
             message.received_at,
             self.settings.visibility,
+            self.settings.visibility_cap,
+            job_stop.clone(),
         );
         let disposition = tokio::select! {
-            d = self.dispose(&message) => d,
+            d = self.dispose(&message, &job_stop) => d,
             _ = abort.cancelled() => Disposition::Release,
         };
         if beat.lost() {
@@ -337,7 +345,7 @@ impl Consumer {
         *self.last_finished.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    async fn dispose(&self, message: &Received) -> Disposition {
+    async fn dispose(&self, message: &Received, stop: &CancellationToken) -> Disposition {
         let jobs = match parse_message(&message.body) {
             Ok(Parsed::Ignore(why)) => {
                 tracing::info!(message_id = %message.message_id, why, "ignoring message");
@@ -358,8 +366,13 @@ impl Consumer {
             }
         };
         for job in &jobs {
-            match self.pipeline.process(job).await {
+            match self.pipeline.process(job, stop).await {
                 Ok(outcome) => self.count(&outcome),
+                // Its lease is gone or going: visible at once for the next attempt to resume.
+                Err(e @ DispatchError::Stopped { .. }) => {
+                    tracing::info!(job_id = %job.job_id, error = %e, "job stopped at a checkpoint");
+                    return Disposition::Release;
+                }
                 Err(e) => {
                     tracing::warn!(job_id = %job.job_id, class = ?e.class(), error = %e, "job not finished");
                     return match e.class() {

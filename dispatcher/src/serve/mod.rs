@@ -283,6 +283,7 @@ impl Api {
                 &decoded,
                 per_call,
                 Priority::Interactive,
+                None,
             )
         })
         .await
