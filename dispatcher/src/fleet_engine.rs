@@ -326,6 +326,10 @@ fn classify(error: FleetError) -> DispatchError {
             reason: "segment_rejected",
             message: error.to_string(),
         },
+        FleetError::TooLong { .. } => DispatchError::Audio {
+            reason: "too_long_for_worker",
+            message: error.to_string(),
+        },
         other => DispatchError::Inference(other.to_string()),
     }
 }

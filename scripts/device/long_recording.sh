@@ -48,6 +48,8 @@ run() {
   pid=$!
 }
 rm -rf /tmp/long-spool-* /tmp/long-store-* /tmp/long-fleet-*
+# Seconds since $1 (a `date +%s.%N`).
+since() { awk -v s="$1" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }'; }
 
 start=$(date +%s.%N)
 run resumed "$OUT/first.log"
@@ -57,16 +59,16 @@ for _ in $(seq 1200); do
 done
 kill -KILL -- "-$pid"
 pkill -KILL -x worker  # the whole node is lost, its workers too
-echo "$(date -u +%T) killed after $(echo "$(date +%s.%N) - $start" | bc) s: $(grep -c 'checkpoint saved' "$OUT/first.log") checkpoint(s) saved"
+echo "$(date -u +%T) killed after $(since "$start") s: $(grep -c 'checkpoint saved' "$OUT/first.log") checkpoint(s) saved"
 sleep 2
 start=$(date +%s.%N)
 run resumed "$OUT/second.log"
 wait "$pid"; rc=$?
-echo "second run: exit $rc after $(echo "$(date +%s.%N) - $start" | bc) s"
+echo "second run: exit $rc after $(since "$start") s"
 start=$(date +%s.%N)
 run whole "$OUT/whole.log"
 wait "$pid"; rc2=$?
-echo "uninterrupted run: exit $rc2 after $(echo "$(date +%s.%N) - $start" | bc) s"
+echo "uninterrupted run: exit $rc2 after $(since "$start") s"
 
 for log in first second whole; do
   sed -i 's/\x1b\[[0-9;]*m//g' "$OUT/$log.log"

@@ -29,6 +29,9 @@ pub enum FleetError {
     /// kills them, so it is failed instead of taking down more workers.
     #[error("request lost {attempts} workers; giving up on it")]
     PoisonRequest { attempts: u32 },
+    /// Audio longer than one worker request carries (refused before it is sent).
+    #[error("{samples} samples of audio exceed the {max} one worker request carries (about {max_h:.1} h at 16 kHz): cut it shorter (max_segment_s, max_audio_duration_s)", max_h = *max as f64 / 16_000.0 / 3600.0)]
+    TooLong { samples: usize, max: usize },
     #[error("no worker became ready within {waited_ms} ms")]
     NotReady { waited_ms: u64 },
     #[error("the fleet is shutting down")]

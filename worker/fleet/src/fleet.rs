@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 pub use worker_protocol::Priority;
-use worker_protocol::{DeviceReport, DiarizeResponse, ModelInfo, Task, TranscribeResponse};
+use worker_protocol::{
+    DeviceReport, DiarizeResponse, ModelInfo, Task, TranscribeResponse, MAX_REQUEST_SAMPLES,
+};
 
 use crate::config::FleetConfig;
 use crate::error::FleetError;
@@ -308,6 +310,13 @@ impl Fleet {
     }
 
     fn submit(&self, task: Task, priority: Priority, clip: &[f32]) -> Result<u64, FleetError> {
+        // Sent, it would end the connection (and cost the worker a restart) for nothing.
+        if clip.len() > MAX_REQUEST_SAMPLES {
+            return Err(FleetError::TooLong {
+                samples: clip.len(),
+                max: MAX_REQUEST_SAMPLES,
+            });
+        }
         let cfg = &self.shared.config;
         let deadline = Instant::now() + cfg.submit_timeout;
         let mut state = self.shared.lock();

@@ -7,9 +7,17 @@ use serde::Serialize;
 
 use crate::error::ProtocolError;
 
-/// Largest body accepted or sent: 64 MiB holds ~17 minutes of 16 kHz f32 PCM, far above any
-/// segment the dispatcher cuts, and bounds what a lying length can make us allocate.
-pub const MAX_FRAME_BYTES: u32 = 64 << 20;
+/// Largest body accepted or sent: 3 GiB, almost 14 hours of 16 kHz f32 PCM, so a whole
+/// recording at the dispatcher's 12-hour limit fits one request (a diarization request carries
+/// the whole recording; a transcription request one segment, 24 minutes by default); it still
+/// bounds what a lying length can make a reader allocate.
+pub const MAX_FRAME_BYTES: u32 = 3 << 30;
+
+/// Most samples one request's audio may hold (what [`MAX_FRAME_BYTES`] leaves after the
+/// request's other fields, generously).
+pub const MAX_REQUEST_SAMPLES: usize = (MAX_FRAME_BYTES as usize - (1 << 20)) / 4;
+// A 12-hour recording (the dispatcher's default limit) fits one diarization request.
+const _: () = assert!(MAX_REQUEST_SAMPLES >= 12 * 3600 * 16_000);
 
 /// The frame (length prefix + body) of one message.
 pub fn encode_frame<T: Serialize>(message: &T) -> Result<Vec<u8>, ProtocolError> {

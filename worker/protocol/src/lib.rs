@@ -18,7 +18,9 @@ mod pcm_bytes;
 
 pub use engine_kind::{EngineKind, UnknownEngine};
 pub use error::ProtocolError;
-pub use frame::{decode_body, encode_frame, read_frame, write_frame, MAX_FRAME_BYTES};
+pub use frame::{
+    decode_body, encode_frame, read_frame, write_frame, MAX_FRAME_BYTES, MAX_REQUEST_SAMPLES,
+};
 #[cfg(feature = "tokio")]
 pub use frame::{read_frame_async, write_frame_async};
 pub use messages::{

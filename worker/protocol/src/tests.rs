@@ -175,6 +175,26 @@ fn lying_length_is_refused_before_allocating() {
     assert!(matches!(err, ProtocolError::FrameTooLarge { .. }), "{err}");
 }
 
+/// The longest segment the dispatcher cuts by default (24 minutes, one pass with full
+/// attention) travels in one request; the frame limit once stopped at 17 minutes.
+#[test]
+fn a_24_minute_segment_fits_one_request() {
+    let samples = 24 * 60 * 16_000;
+    let pcm: Vec<f32> = (0..samples).map(|i| (i % 977) as f32 / 977.0).collect();
+    let message = ClientMessage::Transcribe(TranscribeRequest {
+        id: 7,
+        audio: Audio::Pcm16k(pcm.clone()),
+        deadline_ms: None,
+        priority: Priority::Batch,
+    });
+    let frame = encode_frame(&message).expect("fits");
+    let back: ClientMessage = read_frame(&mut Cursor::new(frame)).expect("reads");
+    let ClientMessage::Transcribe(request) = back else {
+        panic!("not a transcription request");
+    };
+    assert_eq!(request.audio, Audio::Pcm16k(pcm));
+}
+
 #[test]
 fn truncated_body_is_closed_not_panic() {
     let mut frame = encode_frame(&request()).unwrap();
