@@ -11,7 +11,6 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::StoreCheckpoints;
-
 use crate::decode::{self, AudioSettings, Decoded};
 use crate::diarizer::Diarizer;
 use crate::error::{DispatchError, ErrorClass, Result};
