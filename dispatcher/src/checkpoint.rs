@@ -150,7 +150,7 @@ impl Checkpoints for StoreCheckpoints {
             Bytes::from(body),
             "application/json",
         ))?;
-        tracing::debug!(key, "checkpoint saved");
+        tracing::debug!(key, "checkpoint written");
         Ok(())
     }
 

@@ -149,6 +149,12 @@ fn transcribe_checkpointed(
         }
         let new = transcribe_segments(transcriber, decoded, segments, segments_per_call, priority)?;
         checkpoints.save(index, segments, &new)?;
+        // A long job's progress, for whoever reads the log.
+        tracing::info!(
+            checkpoint = index + 1,
+            checkpoints = runs.len(),
+            "checkpoint saved"
+        );
         pieces.extend(new);
     }
     Ok(pieces)
