@@ -297,6 +297,13 @@ impl Transcriber for FleetEngine {
             .map_err(classify)
     }
 
+    fn ready(&self) -> Result<bool> {
+        self.fleet()
+            .ready_transcribers()
+            .map(|ready| ready > 0)
+            .map_err(classify)
+    }
+
     /// Every transcription worker's outstanding requests: that many segments keep all their
     /// batches full, and one call never holds more than one worker's share.
     fn capacity(&self) -> Capacity {

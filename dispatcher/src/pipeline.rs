@@ -135,6 +135,11 @@ impl Pipeline {
         &self.metrics
     }
 
+    /// Whether the engine can take work now (see [`Transcriber::ready`]).
+    pub fn engine_ready(&self) -> Result<bool> {
+        self.transcriber.ready()
+    }
+
     fn writer(&self) -> Writer<'_> {
         Writer {
             store: self.store.as_ref(),

@@ -26,6 +26,14 @@ pub trait Transcriber: Send + Sync {
         self.transcribe(segments)
     }
 
+    /// Whether the engine can take work now. `Ok(false)` while every worker restarts (a GPU
+    /// group after a fault): the consumer receives nothing meanwhile, since a message taken now
+    /// would only wait with its visibility running. An error once it never will (the fleet
+    /// gave up): this node stops taking work.
+    fn ready(&self) -> Result<bool> {
+        Ok(true)
+    }
+
     /// How much work keeps this engine busy: the pipeline sizes its defaults from it.
     fn capacity(&self) -> Capacity {
         Capacity::ONE_CALL_AT_A_TIME

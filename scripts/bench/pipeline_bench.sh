@@ -26,8 +26,8 @@
 #   spin     the defaults with spinning GPU waits (--worker-arg=--cuda-sync=spin)
 #            (before, single and spin run on 30 % of the mix, beside the defaults on the same
 #            part, as run default-quarter when default is a step)
-#   layouts  the whole mix with one worker (--instances-per-gpu 1) and with 4 under MPS
-#            (--instances-per-gpu 4), beside the default
+#   layouts  the whole mix with one worker (--instances-per-gpu 1), with 2 and with 4 under MPS
+#            (--instances-per-gpu 2, 4), beside the default
 #   threads  the layouts of `layouts` with DECODE_THREADS (default "24 32") decode threads
 #   formats  host CPU per format: one run per format's recordings (and one with none, whose
 #            CPU, the fleet's start and stop, is subtracted)
@@ -201,6 +201,7 @@ fi
 # One pass with the workers' decoder graphs captured up to 60 s segments (default 30 s).
 has graph60 && run graph60 "$CORPUS" --worker-arg=--cuda-graph-max-s=60
 has layouts && run one-worker "$CORPUS" --instances-per-gpu 1
+has layouts && run mps2 "$CORPUS" --instances-per-gpu 2
 has layouts && run mps4 "$CORPUS" --instances-per-gpu 4
 # The decode pool's size against the layouts (DECODE_THREADS, default "24 32").
 if has threads; then

@@ -71,7 +71,7 @@ sed -i 's/\x1b\[[0-9;]*m//g' "$OUT/dispatcher.log"
   echo "restarts by group and cause:"
   grep 'restarting worker' "$OUT/dispatcher.log" | grep -o 'group=[a-z0-9]* .*cause=[A-Za-z]*' \
     | sed -E 's/ slot=[0-9]+ task=[^ ]+ pid=[0-9]+//' | sort | uniq -c
-  grep -E 'fault injected|fatal CUDA fault|out of device memory|MPS client terminated|terminate_client failed' \
+  grep -E 'fault injected|fatal CUDA fault|out of device memory|MPS client terminated|terminate_client failed|receiving paused|receiving resumed' \
     "$OUT/dispatcher.log" | cut -c1-220 | head -20
   echo "other GPUs' transcription workers before the faults:$others_before"
   echo "other GPUs' 'worker ready' pids over the run:$others_after"

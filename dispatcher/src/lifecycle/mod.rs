@@ -28,6 +28,9 @@ pub mod retry;
 use deleter::Deleter;
 use heartbeat::Heartbeat;
 
+/// How often a paused receiver asks the engine again (a worker restart takes seconds).
+const ENGINE_READY_POLL: Duration = Duration::from_millis(200);
+
 #[derive(Debug, Clone)]
 pub struct ConsumerSettings {
     /// Concurrent long-polling receivers.
@@ -64,6 +67,8 @@ pub struct RunSummary {
     pub released: u64,
     /// True when the consumer stopped because of an infrastructure error.
     pub infrastructure_stop: bool,
+    /// Times receiving paused because no worker was ready (per receiver).
+    pub receive_pauses: u64,
 }
 
 enum Disposition {
@@ -187,6 +192,9 @@ impl Consumer {
                 _ = stop_receiving.cancelled() => return,
                 p = slots.clone().acquire_owned() => p.expect("slots semaphore is never closed (bug)"),
             };
+            if !self.engine_ready(&stop_receiving).await {
+                return;
+            }
             let mut permits = vec![first];
             while permits.len() < max_batch {
                 match slots.clone().try_acquire_owned() {
@@ -238,6 +246,42 @@ impl Consumer {
                         _ = stop_receiving.cancelled() => return,
                     }
                 }
+            }
+        }
+    }
+
+    /// Waits while the engine has no ready worker (every worker restarting, as a GPU group does
+    /// after a fault): a message received then would only wait, its visibility running, and
+    /// count a receive toward the dead-letter policy. False when the stop came meanwhile, or
+    /// when the engine will never be ready (then this node stops taking work).
+    async fn engine_ready(&self, stop_receiving: &CancellationToken) -> bool {
+        let mut paused: Option<std::time::Instant> = None;
+        loop {
+            match self.pipeline.engine_ready() {
+                Ok(true) => {
+                    if let Some(since) = paused {
+                        tracing::info!(
+                            paused_s = since.elapsed().as_secs_f64(),
+                            "a worker is ready again; receiving resumed"
+                        );
+                    }
+                    return true;
+                }
+                Ok(false) if paused.is_none() => {
+                    tracing::warn!("no worker is ready; receiving paused until one is");
+                    self.summary_mut().receive_pauses += 1;
+                    paused = Some(std::time::Instant::now());
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "the engine cannot take work; this node stops taking work");
+                    self.stop_for_infrastructure(stop_receiving);
+                    return false;
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(ENGINE_READY_POLL) => {}
+                _ = stop_receiving.cancelled() => return false,
             }
         }
     }

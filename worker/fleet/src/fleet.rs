@@ -212,6 +212,20 @@ impl Fleet {
             .cannot_start(self.shared.config.max_start_failures)
     }
 
+    /// Transcription workers ready now (0 while every one restarts, as a GPU group does after
+    /// a fault), or the error the fleet gave up with.
+    pub fn ready_transcribers(&self) -> Result<usize, FleetError> {
+        let state = self.shared.lock();
+        if let Some(e) = state.cannot_start(self.shared.config.max_start_failures) {
+            return Err(e);
+        }
+        Ok(state
+            .slots
+            .iter()
+            .filter(|s| s.task == Task::Transcribe && matches!(s.phase, Phase::Ready))
+            .count())
+    }
+
     /// Whether this fleet runs diarization workers.
     pub fn has_diarization(&self) -> bool {
         self.shared.config.diarization.is_some()

@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::error::FleetError;
 
 mod control;
+mod processes;
 
 pub use control::{
     get_client_list, get_server_list, parse_pids, terminate_client, terminate_clients, MpsControl,

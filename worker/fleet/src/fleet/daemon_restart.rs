@@ -1,5 +1,6 @@
 //! A GPU whose workers keep failing to start under MPS gets its MPS daemon restarted, once per
-//! streak of failures: `quit`, then `-d` again. Seen once on an H200: after a client was
+//! streak of failures: `quit` (or, when the daemon does not answer it, its processes killed),
+//! then `-d` again. Seen once on an H200: after a client was
 //! SIGKILLed and `terminate_client` got no answer, every new client failed with
 //! `CUDA_ERROR_MPS_SERVER_NOT_READY` for minutes while the fleet kept restarting workers.
 //! Only a daemon this fleet started is restarted (another's is reported, not touched); if the
@@ -38,9 +39,7 @@ pub(super) fn restart_wedged_daemons(shared: &Shared, state: &mut State) {
             gpu,
             "workers keep failing to start: restarting the GPU's MPS daemon"
         );
-        let restarted = shared
-            .mps
-            .run(&mps::daemon_stop(gpu, &dirs))
+        let restarted = stop_daemon(&*shared.mps, gpu, &dirs)
             .and_then(|_| start_again(&*shared.mps, gpu, &dirs));
         let error = restarted.err().map(|e| e.to_string());
         if let Some(error) = &error {
@@ -48,6 +47,18 @@ pub(super) fn restart_wedged_daemons(shared: &Shared, state: &mut State) {
         }
         shared.emit(FleetEvent::MpsDaemonRestarted { gpu, error });
     }
+}
+
+/// `quit`; a daemon that does not answer it (wedged after a client's fault) is killed with its
+/// servers, the only way left to free the GPU for a new one.
+fn stop_daemon(control: &dyn MpsControl, gpu: u32, dirs: &MpsDirs) -> Result<(), FleetError> {
+    let Err(quit_error) = control.run(&mps::daemon_stop(gpu, dirs)) else {
+        return Ok(());
+    };
+    let killed = control.kill_daemon(dirs)?;
+    tracing::warn!(gpu, error = %quit_error, killed,
+        "the MPS daemon did not quit; killed its processes");
+    Ok(())
 }
 
 /// How long a daemon told to quit may take to leave, and how often a new one is tried meanwhile.
@@ -93,6 +104,47 @@ mod tests {
             }
             Ok(String::new())
         }
+    }
+
+    /// A daemon that answers nothing: `quit` times out; only a kill stops it.
+    #[derive(Default)]
+    struct Wedged {
+        killed: AtomicU32,
+        started: AtomicU32,
+    }
+
+    impl MpsControl for Wedged {
+        fn run(&self, command: &mps::CommandSpec) -> Result<String, FleetError> {
+            if command.args.iter().any(|a| a == "-d") {
+                self.started.fetch_add(1, Ordering::SeqCst);
+                return Ok(String::new());
+            }
+            Err(FleetError::Mps {
+                command: command.display(),
+                detail: "no answer within 10000 ms".into(),
+            })
+        }
+        fn kill_daemon(&self, _dirs: &MpsDirs) -> Result<usize, FleetError> {
+            self.killed.fetch_add(1, Ordering::SeqCst);
+            Ok(2)
+        }
+    }
+
+    fn dirs() -> MpsDirs {
+        MpsDirs {
+            pipe: "/run/fleet/mps/gpu0".into(),
+            log: "/var/log/fleet/mps/gpu0".into(),
+        }
+    }
+
+    #[test]
+    fn a_daemon_that_does_not_quit_is_killed_and_started_again() {
+        let wedged = Wedged::default();
+        stop_daemon(&wedged, 0, &dirs())
+            .and_then(|_| start_again(&wedged, 0, &dirs()))
+            .expect("restarted");
+        assert_eq!(wedged.killed.load(Ordering::SeqCst), 1);
+        assert_eq!(wedged.started.load(Ordering::SeqCst), 1);
     }
 
     #[test]

@@ -21,6 +21,12 @@ pub trait MpsControl: Send + Sync {
     fn daemon_running(&self, dirs: &MpsDirs) -> bool {
         super::daemon_running(dirs)
     }
+
+    /// Kills the daemon and servers of these directories (one that answers no command);
+    /// returns how many processes were signalled.
+    fn kill_daemon(&self, dirs: &MpsDirs) -> Result<usize, FleetError> {
+        super::processes::kill_daemon(dirs)
+    }
 }
 
 /// Runs commands on this machine, each bounded by `timeout` (a wedged daemon must not hang
