@@ -29,6 +29,8 @@
 #   layouts  the whole mix with one worker (--instances-per-gpu 1), with 2 and with 4 under MPS
 #            (--instances-per-gpu 2, 4), beside the default
 #   threads  the layouts of `layouts` with DECODE_THREADS (default "24 32") decode threads
+#   tune     runs of the whole mix with other settings: TUNE="name:args;name:args", each run
+#            named tune-NAME with ARGS added to the defaults (words split on spaces)
 #   formats  host CPU per format: one run per format's recordings (and one with none, whose
 #            CPU, the fleet's start and stop, is subtracted)
 #   sla      the seed article's SLA sweep (worker/fleet/examples/sla_sweep.rs) on the 5/15/30/
@@ -208,6 +210,14 @@ if has threads; then
   for n in ${DECODE_THREADS:-24 32}; do
     run "mps4-threads$n" "$CORPUS" --instances-per-gpu 4 --decode-threads "$n"
     run "one-worker-threads$n" "$CORPUS" --instances-per-gpu 1 --decode-threads "$n"
+  done
+fi
+# Settings tried against the defaults (TUNE="name:args;..."): what holds the rate.
+if has tune; then
+  IFS=';' read -ra tunes <<< "${TUNE:-}"
+  for t in "${tunes[@]}"; do
+    # shellcheck disable=SC2086 # the run's arguments are words
+    run "tune-${t%%:*}" "$CORPUS" ${t#*:}
   done
 fi
 # The comparisons run on 30 % of the mix (the copies whose round ends in 0, 4 or 8).

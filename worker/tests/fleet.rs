@@ -212,7 +212,10 @@ fn a_group_restart_spares_the_other_group() -> Result<()> {
     fleet.wait_all_ready(Duration::from_secs(60))?;
     let a_after = pids("a");
     assert!(
-        a_after.iter().zip(&a_before).all(|(after, before)| after != before),
+        a_after
+            .iter()
+            .zip(&a_before)
+            .all(|(after, before)| after != before),
         "group a restarted whole: {a_before:?} -> {a_after:?}"
     );
     assert_eq!(pids("b"), b_before, "group b kept its workers");

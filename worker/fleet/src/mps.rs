@@ -230,6 +230,22 @@ pub fn daemon_stop(gpu: u32, dirs: &MpsDirs) -> CommandSpec {
     }
 }
 
+/// `quit`; a daemon that does not answer it (wedged after a client's fault) is killed with its
+/// servers, the only way left to free the GPU for a new one.
+pub(crate) fn stop_daemon(
+    control: &dyn MpsControl,
+    gpu: u32,
+    dirs: &MpsDirs,
+) -> Result<(), FleetError> {
+    let Err(quit_error) = control.run(&daemon_stop(gpu, dirs)) else {
+        return Ok(());
+    };
+    let killed = control.kill_daemon(dirs)?;
+    tracing::warn!(gpu, error = %quit_error, killed,
+        "the MPS daemon did not quit; killed its processes");
+    Ok(())
+}
+
 /// The daemon listens on `<pipe dir>/control` while it runs.
 pub fn daemon_running(dirs: &MpsDirs) -> bool {
     dirs.pipe.join("control").exists()

@@ -39,7 +39,7 @@ pub(super) fn restart_wedged_daemons(shared: &Shared, state: &mut State) {
             gpu,
             "workers keep failing to start: restarting the GPU's MPS daemon"
         );
-        let restarted = stop_daemon(&*shared.mps, gpu, &dirs)
+        let restarted = mps::stop_daemon(&*shared.mps, gpu, &dirs)
             .and_then(|_| start_again(&*shared.mps, gpu, &dirs));
         let error = restarted.err().map(|e| e.to_string());
         if let Some(error) = &error {
@@ -47,18 +47,6 @@ pub(super) fn restart_wedged_daemons(shared: &Shared, state: &mut State) {
         }
         shared.emit(FleetEvent::MpsDaemonRestarted { gpu, error });
     }
-}
-
-/// `quit`; a daemon that does not answer it (wedged after a client's fault) is killed with its
-/// servers, the only way left to free the GPU for a new one.
-fn stop_daemon(control: &dyn MpsControl, gpu: u32, dirs: &MpsDirs) -> Result<(), FleetError> {
-    let Err(quit_error) = control.run(&mps::daemon_stop(gpu, dirs)) else {
-        return Ok(());
-    };
-    let killed = control.kill_daemon(dirs)?;
-    tracing::warn!(gpu, error = %quit_error, killed,
-        "the MPS daemon did not quit; killed its processes");
-    Ok(())
 }
 
 /// How long a daemon told to quit may take to leave, and how often a new one is tried meanwhile.
@@ -140,7 +128,7 @@ mod tests {
     #[test]
     fn a_daemon_that_does_not_quit_is_killed_and_started_again() {
         let wedged = Wedged::default();
-        stop_daemon(&wedged, 0, &dirs())
+        mps::stop_daemon(&wedged, 0, &dirs())
             .and_then(|_| start_again(&wedged, 0, &dirs()))
             .expect("restarted");
         assert_eq!(wedged.killed.load(Ordering::SeqCst), 1);

@@ -15,7 +15,7 @@ pub(super) fn stop_daemons(
     daemons: Vec<(u32, mps::MpsDirs)>,
 ) {
     for (gpu, dirs) in daemons {
-        let event = match control.run(&mps::daemon_stop(gpu, &dirs)) {
+        let event = match mps::stop_daemon(control, gpu, &dirs) {
             Ok(_) => {
                 tracing::info!(gpu, "stopped MPS control daemon");
                 FleetEvent::MpsDaemonStopped { gpu }
