@@ -8,6 +8,13 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use crate::mps::MpsConfig;
 use worker_protocol::EngineKind;
 
+/// Requests one worker holds by default: 8 of its largest batches (16), so its batcher has the
+/// next batch queued while the dispatcher's round trip (answer, next job's decode, new
+/// request) runs. With 32 the main job on one H200 (one worker, the dispatcher's limits sized
+/// from it) ran at 5 429 audio-s/s, GPU busy 30 % of the time; with 128, 6 517, and 6 890 in
+/// another call (docs/benchmarks.md, session 27).
+pub const DEFAULT_MAX_OUTSTANDING_PER_WORKER: usize = 128;
+
 #[derive(Debug, Clone)]
 pub struct FleetConfig {
     /// The `worker` executable.
@@ -87,7 +94,7 @@ impl FleetConfig {
             load_lock: runtime_dir.join("model-load.lock"),
             weights_share_dir: Some(runtime_dir.join("weights")),
             runtime_dir,
-            max_outstanding_per_worker: 32,
+            max_outstanding_per_worker: DEFAULT_MAX_OUTSTANDING_PER_WORKER,
             max_waiting: 1024,
             submit_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(120),

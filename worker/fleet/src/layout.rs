@@ -19,13 +19,15 @@ pub const MIN_SMS_PER_INSTANCE: u32 = 16;
 pub const MEMORY_PER_INSTANCE_BYTES: u64 = 2_600 << 20;
 /// Share of the GPU's memory the workers may plan to use (the rest: MPS server, diarization).
 pub const MEMORY_SHARE: f64 = 0.8;
-/// Host cores per GPU below which one worker gets the whole GPU. Measured on an H200 host with
-/// 16 cores (docs/benchmarks.md, the main job end to end): the host decodes about 540 audio
-/// seconds per core-second of a mixed-format corpus, about 8 600 audio-s/s in all, which is
-/// what one worker with the whole GPU serves (7 800-8 700); more workers then only add their
-/// own CPU cost, and the main job ran at 7 252 audio-s/s with one worker against 4 288 with
-/// 4 x 25 % under MPS. Twice the cores feed the 11 000 audio-s/s that 4 workers under MPS
-/// serve, where sharing the GPU pays.
+/// Host cores per GPU below which one worker gets the whole GPU (two from here). Measured on an H200 host with 16 cores
+/// (docs/benchmarks.md, the main job end to end): the host decodes about 540-760 audio seconds
+/// per core-second of a mixed-format corpus, so it cannot feed the 11 000 audio-s/s that 4
+/// workers under MPS serve (the main job ran at 5 432-6 165 audio-s/s with 4 x 25 % against
+/// 7 407-7 995 with one worker); 2 x 50 % under MPS ran 8-9 % faster than one worker in two
+/// calls (6 052 against 5 623, and 7 133 against 6 517 with larger in-flight limits).
+pub const HOST_CORES_FOR_TWO_PER_GPU: usize = 16;
+/// Host cores per GPU from which up to [`MAX_INSTANCES_PER_GPU`] share it: twice the cores
+/// that fed two (an extrapolation: no 32-core host was available to measure).
 pub const HOST_CORES_TO_SHARE_A_GPU: usize = 32;
 
 /// The workers chosen for one GPU, and why (for the start-up log line).
@@ -39,15 +41,18 @@ pub struct Layout {
 /// 1. at most [`MAX_INSTANCES_PER_GPU`];
 /// 2. at least [`MIN_SMS_PER_INSTANCE`] SMs each;
 /// 3. [`MEMORY_PER_INSTANCE_BYTES`] each within [`MEMORY_SHARE`] of the GPU's memory;
-/// 4. one, when the host has fewer than [`HOST_CORES_TO_SHARE_A_GPU`] cores per GPU (it cannot
-///    decode audio as fast as more workers would serve it);
+/// 4. one, when the host has fewer than [`HOST_CORES_FOR_TWO_PER_GPU`] cores per GPU, two below
+///    [`HOST_CORES_TO_SHARE_A_GPU`] (it cannot decode audio as fast as more workers would serve
+///    it);
 /// 5. at least one.
 pub fn auto_instances(device: &DeviceReport, host_cores_per_gpu: usize) -> Layout {
     let by_sms = (device.sm_count / MIN_SMS_PER_INSTANCE) as usize;
     let budget = (device.memory_bytes as f64 * MEMORY_SHARE) as u64;
     let by_memory = (budget / MEMORY_PER_INSTANCE_BYTES) as usize;
-    let by_host = if host_cores_per_gpu < HOST_CORES_TO_SHARE_A_GPU {
+    let by_host = if host_cores_per_gpu < HOST_CORES_FOR_TWO_PER_GPU {
         1
+    } else if host_cores_per_gpu < HOST_CORES_TO_SHARE_A_GPU {
+        2
     } else {
         MAX_INSTANCES_PER_GPU
     };
@@ -59,8 +64,8 @@ pub fn auto_instances(device: &DeviceReport, host_cores_per_gpu: usize) -> Layou
     let reason = format!(
         "{} with {} SMs and {} MiB, {host_cores_per_gpu} host cores for it: min(cap \
          {MAX_INSTANCES_PER_GPU}, {by_sms} by SMs at {MIN_SMS_PER_INSTANCE} each, {by_memory} \
-         by memory at {} MiB each, {by_host} by the host's cores ({HOST_CORES_TO_SHARE_A_GPU} \
-         per GPU to feed more than one))",
+         by memory at {} MiB each, {by_host} by the host's cores ({HOST_CORES_FOR_TWO_PER_GPU} \
+         per GPU to feed two, {HOST_CORES_TO_SHARE_A_GPU} for more))",
         device.name,
         device.sm_count,
         device.memory_bytes >> 20,
@@ -142,10 +147,12 @@ mod tests {
     }
 
     #[test]
-    fn a_host_too_small_to_feed_several_workers_gets_one() {
+    fn a_host_too_small_to_feed_several_workers_gets_fewer() {
         let h200 = gpu("NVIDIA H200", 132, 141);
-        assert_eq!(auto_instances(&h200, 16).instances, 1);
-        assert_eq!(auto_instances(&h200, 31).instances, 1);
+        assert_eq!(auto_instances(&h200, 8).instances, 1);
+        assert_eq!(auto_instances(&h200, 15).instances, 1);
+        assert_eq!(auto_instances(&h200, 16).instances, 2);
+        assert_eq!(auto_instances(&h200, 31).instances, 2);
         assert_eq!(auto_instances(&h200, 32).instances, 4);
         let why = auto_instances(&h200, 16).reason;
         assert!(why.contains("16 host cores"), "{why}");

@@ -52,7 +52,7 @@ pub struct FleetOptions {
     #[arg(long = "worker-arg", value_delimiter = ' ', allow_hyphen_values = true)]
     pub worker_args: Vec<String>,
     /// Requests in flight on one worker, at most (beyond: wait in the supervisor).
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = crate::config::DEFAULT_MAX_OUTSTANDING_PER_WORKER)]
     pub max_outstanding_per_worker: usize,
     /// A request unanswered this long, plus its audio's duration (a long recording on a CPU
     /// engine is slow, not stuck), marks its worker stuck.
