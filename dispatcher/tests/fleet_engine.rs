@@ -41,7 +41,7 @@ fn cpu_fleet(runtime_dir: &Path, workers: usize, max_outstanding: usize) -> Engi
             cpu_instances: Some(workers),
             worker_binary: Some(worker_binary()),
             runtime_dir: Some(runtime_dir.to_owned()),
-            max_outstanding_per_worker: max_outstanding,
+            max_outstanding_per_worker: Some(max_outstanding),
             request_timeout_s: 120,
             health_timeout_ms: 5000,
             startup_timeout_s: 60,

@@ -8,12 +8,23 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use crate::mps::MpsConfig;
 use worker_protocol::EngineKind;
 
-/// Requests one worker holds by default: 8 of its largest batches (16), so its batcher has the
-/// next batch queued while the dispatcher's round trip (answer, next job's decode, new
+/// Requests one CUDA worker holds by default: 8 of its largest batches (16), so its batcher has
+/// the next batch queued while the dispatcher's round trip (answer, next job's decode, new
 /// request) runs. With 32 the main job on one H200 (one worker, the dispatcher's limits sized
 /// from it) ran at 5 429 audio-s/s, GPU busy 30 % of the time; with 128, 6 517, and 6 890 in
 /// another call (docs/benchmarks.md, session 27).
-pub const DEFAULT_MAX_OUTSTANDING_PER_WORKER: usize = 128;
+pub const DEFAULT_MAX_OUTSTANDING_PER_GPU_WORKER: usize = 128;
+/// The same for a CPU worker: a request waiting inside a worker counts toward its request
+/// timeout, and 128 segments of 30 s queued on a CPU engine could outlast it.
+pub const DEFAULT_MAX_OUTSTANDING_PER_CPU_WORKER: usize = 32;
+
+/// The default for workers of `engine`.
+pub fn default_max_outstanding_per_worker(engine: EngineKind) -> usize {
+    match engine {
+        EngineKind::Cuda => DEFAULT_MAX_OUTSTANDING_PER_GPU_WORKER,
+        EngineKind::Cpu | EngineKind::Onnx => DEFAULT_MAX_OUTSTANDING_PER_CPU_WORKER,
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct FleetConfig {
@@ -94,7 +105,7 @@ impl FleetConfig {
             load_lock: runtime_dir.join("model-load.lock"),
             weights_share_dir: Some(runtime_dir.join("weights")),
             runtime_dir,
-            max_outstanding_per_worker: DEFAULT_MAX_OUTSTANDING_PER_WORKER,
+            max_outstanding_per_worker: DEFAULT_MAX_OUTSTANDING_PER_CPU_WORKER,
             max_waiting: 1024,
             submit_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(120),

@@ -51,9 +51,11 @@ pub struct FleetOptions {
     /// Extra `worker serve` argument, repeatable: `--worker-arg=--max-batch-wait-ms=20`.
     #[arg(long = "worker-arg", value_delimiter = ' ', allow_hyphen_values = true)]
     pub worker_args: Vec<String>,
-    /// Requests in flight on one worker, at most (beyond: wait in the supervisor).
-    #[arg(long, default_value_t = crate::config::DEFAULT_MAX_OUTSTANDING_PER_WORKER)]
-    pub max_outstanding_per_worker: usize,
+    /// Requests in flight on one worker, at most (beyond: wait in the supervisor). Default: 128
+    /// for CUDA workers (their next batch always queued), 32 for CPU ones (a slow worker's
+    /// queue must not outlast `--request-timeout-s`).
+    #[arg(long)]
+    pub max_outstanding_per_worker: Option<usize>,
     /// A request unanswered this long, plus its audio's duration (a long recording on a CPU
     /// engine is slow, not stuck), marks its worker stuck.
     #[arg(long, default_value_t = 120)]
@@ -157,7 +159,9 @@ impl FleetOptions {
         if self.no_weight_sharing {
             config.weights_share_dir = None;
         }
-        config.max_outstanding_per_worker = self.max_outstanding_per_worker;
+        config.max_outstanding_per_worker = self
+            .max_outstanding_per_worker
+            .unwrap_or_else(|| crate::config::default_max_outstanding_per_worker(engine));
         config.request_timeout = Duration::from_secs(self.request_timeout_s);
         config.health_timeout = Duration::from_millis(self.health_timeout_ms);
         config.startup_timeout = Duration::from_secs(self.startup_timeout_s);
