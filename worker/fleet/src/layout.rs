@@ -19,12 +19,13 @@ pub const MIN_SMS_PER_INSTANCE: u32 = 16;
 pub const MEMORY_PER_INSTANCE_BYTES: u64 = 2_600 << 20;
 /// Share of the GPU's memory the workers may plan to use (the rest: MPS server, diarization).
 pub const MEMORY_SHARE: f64 = 0.8;
-/// Host cores per GPU below which one worker gets the whole GPU (two from here). Measured on an H200 host with 16 cores
-/// (docs/benchmarks.md, the main job end to end): the host decodes about 540-760 audio seconds
-/// per core-second of a mixed-format corpus, so it cannot feed the 11 000 audio-s/s that 4
-/// workers under MPS serve (the main job ran at 5 432-6 165 audio-s/s with 4 x 25 % against
-/// 7 407-7 995 with one worker); 2 x 50 % under MPS ran 8-9 % faster than one worker in two
-/// calls (6 052 against 5 623, and 7 133 against 6 517 with larger in-flight limits).
+/// Host cores per GPU below which one worker gets the whole GPU (two from here). Measured on an
+/// H200 host with 16 cores (docs/benchmarks.md, the main job end to end): the host decodes about
+/// 540-760 audio seconds per core-second of a mixed-format corpus, so it cannot feed the 11 000
+/// audio-s/s that 4 workers under MPS serve (the main job ran at 5 432-6 165 audio-s/s with
+/// 4 x 25 % against 7 407-7 995 with one worker); 2 x 50 % under MPS ran 5-9 % faster than one
+/// worker in three calls (6 052 against 5 623, 7 133 against 6 517 and 7 248 against 6 890
+/// with larger in-flight limits).
 pub const HOST_CORES_FOR_TWO_PER_GPU: usize = 16;
 /// Host cores per GPU from which up to [`MAX_INSTANCES_PER_GPU`] share it: twice the cores
 /// that fed two (an extrapolation: no 32-core host was available to measure).
