@@ -168,61 +168,6 @@ fn mps_group_restarts_every_worker_on_one_failure() -> Result<()> {
     Ok(())
 }
 
-/// Two MPS-marked groups (two GPUs' shape, without GPUs): a crash in one restarts that group
-/// only; the other group's workers keep their processes and nothing is lost.
-#[test]
-fn a_group_restart_spares_the_other_group() -> Result<()> {
-    let clips = clips()?;
-    let (_, expected) = reference(&clips)?;
-    let dir = tempfile::tempdir()?;
-    let mut cfg = config(dir.path(), 2);
-    let group = |name: &str| worker_fleet::GroupConfig {
-        name: name.into(),
-        gpu: None,
-        instances: 2,
-        mps: Some(worker_fleet::mps::MpsConfig {
-            pipe_root: dir.path().join("mps-pipe"),
-            log_root: dir.path().join("mps-log"),
-            active_thread_percentage: None,
-        }),
-    };
-    cfg.groups = vec![group("a"), group("b")];
-    let fleet = Fleet::start(cfg)?;
-    fleet.wait_all_ready(Duration::from_secs(120))?;
-    let pids = |group: &str| -> Vec<Option<u32>> {
-        fleet
-            .status()
-            .iter()
-            .filter(|s| s.group == group)
-            .map(|s| s.pid)
-            .collect()
-    };
-    let (a_before, b_before) = (pids("a"), pids("b"));
-    signal(a_before[0].expect("running"), Signal::KILL);
-    let work: Vec<&[f32]> = clips.iter().map(|(_, pcm)| pcm.as_slice()).collect();
-    for (i, r) in fleet.transcribe(&work).into_iter().enumerate() {
-        assert_eq!(r?.hypothesis, expected[i], "clip {}", clips[i].0);
-    }
-    ensure!(
-        wait_until(Duration::from_secs(10), || fleet
-            .restarts(RestartCause::Group)
-            >= 1),
-        "the crashed worker's group was not restarted"
-    );
-    fleet.wait_all_ready(Duration::from_secs(60))?;
-    let a_after = pids("a");
-    assert!(
-        a_after
-            .iter()
-            .zip(&a_before)
-            .all(|(after, before)| after != before),
-        "group a restarted whole: {a_before:?} -> {a_after:?}"
-    );
-    assert_eq!(pids("b"), b_before, "group b kept its workers");
-    assert_eq!(fleet.restarts(RestartCause::Group), 1);
-    Ok(())
-}
-
 #[test]
 fn model_loading_waits_for_the_load_lock() -> Result<()> {
     let dir = tempfile::tempdir()?;
