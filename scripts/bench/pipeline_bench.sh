@@ -136,11 +136,49 @@ run() {
     --progress-interval-s 5})
   python3 - "$OUT" "$name" "$BIN/dispatcher" "${command[@]}" --model "$MODEL" --gpus 0 \
     --runtime-dir "/tmp/fleet-$name" "$@" <<'PY'
-import json, os, re, resource, subprocess, sys, time
+import datetime, json, os, re, resource, subprocess, sys, time
 out, name, cmd = sys.argv[1], sys.argv[2], sys.argv[3:]
 started = time.time()
 tick = os.sysconf("SC_CLK_TCK")
 own_cpu_s = 0.0
+
+def machine_busy_s():
+    # Every process's time, the MPS daemon's and server's included (not the dispatcher's
+    # children): user, nice, system, irq, softirq, steal of /proc/stat's first line.
+    f = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    return (f[0] + f[1] + f[2] + f[5] + f[6] + f[7]) / tick
+
+def stat_fields(path):
+    text = open(path).read()
+    comm = text[text.index("(") + 1:text.rindex(")")]
+    return comm, text.rsplit(")", 1)[1].split()
+
+def descendants(pid):
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        for t in os.listdir(f"/proc/{p}/task"):
+            try:
+                todo += [int(c) for c in open(f"/proc/{p}/task/{t}/children").read().split()]
+            except OSError:
+                pass
+    return out
+
+# CPU seconds per thread of the dispatcher and its descendants (latest reading per thread):
+# which threads the host's time goes to.
+threads = {}
+def sample_threads(root):
+    for p in descendants(root):
+        try:
+            pcomm, _ = stat_fields(f"/proc/{p}/stat")
+            for t in os.listdir(f"/proc/{p}/task"):
+                comm, f = stat_fields(f"/proc/{p}/task/{t}/stat")
+                threads[(p, int(t))] = (pcomm, comm, (int(f[11]) + int(f[12])) / tick)
+        except (OSError, ValueError, IndexError):
+            pass
+
+machine_before = machine_busy_s()
 with open(f"{out}/{name}.log", "w") as log:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     while proc.poll() is None:
@@ -149,11 +187,18 @@ with open(f"{out}/{name}.log", "w") as log:
         try:
             fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
             own_cpu_s = (int(fields[11]) + int(fields[12])) / tick
+            sample_threads(proc.pid)
         except (OSError, IndexError, ValueError):
             pass
         time.sleep(0.2)
     rc = proc.returncode
 elapsed = time.time() - started
+machine_cpu_s = machine_busy_s() - machine_before
+by_thread = {}
+for pcomm, comm, cpu in threads.values():
+    # Numbered pool threads as one name.
+    key = f"{pcomm}/{re.sub(r'[-_ ]?[0-9]+$', '', comm)}"
+    by_thread[key] = by_thread.get(key, 0.0) + cpu
 usage = resource.getrusage(resource.RUSAGE_CHILDREN)
 text = open(f"{out}/{name}.log").read()
 text = re.sub(r"\x1b\[[0-9;]*m", "", text)
@@ -162,6 +207,26 @@ stages = {s: float(v) for s, v in re.findall(r"stage (\w+)\s+\d+ jobs\s+([0-9.]+
 jobs = re.search(r"^done (\d+) · already done \d+ · failed (\d+)", text, re.M)
 layout = re.search(r'layout=([^=]*?) diarization', text)
 limits = re.search(r"receivers=(\d+) max_in_flight=(\d+) inference_slots=(\d+) segments_per_call=(\d+) decode_threads=(\d+)", text)
+# The rate once every worker is ready: the fleet starts its workers one after another (the
+# load lock), and the consumer starts with the first, so a short run's figure includes the
+# others' start. Each job's end is its manifest's mtime; the audio of the jobs that end after
+# the last worker is ready, over the time from then to the last job's end (the jobs in flight
+# at that moment had some of their work done before it: at most max_in_flight of them).
+after_ready = None
+ready = [datetime.datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp()
+         for t in re.findall(r"^(\S+Z)\s+INFO worker_fleet::fleet::supervise: worker ready", text, re.M)]
+if "--store" in cmd and ready:
+    ends = []
+    for root, _, files in os.walk(os.path.join(cmd[cmd.index("--store") + 1], "results")):
+        if "manifest.json" in files:
+            path = os.path.join(root, "manifest.json")
+            ends.append((os.path.getmtime(path), json.load(open(path))["audio_duration_s"]))
+    last_ready, last_end = max(ready), max((e for e, _ in ends), default=0.0)
+    audio = sum(a for e, a in ends if e > last_ready)
+    if last_end > last_ready:
+        after_ready = {"workers": len(ready), "first_to_last_ready_s": round(last_ready - min(ready), 2),
+                       "span_s": round(last_end - last_ready, 2), "audio_s": round(audio, 1),
+                       "audio_s_per_s": round(audio / (last_end - last_ready))}
 row = {
     "run": name, "rc": rc, "process_s": round(elapsed, 2),
     "wall_s": float(m.group(1)) if m else None,
@@ -169,10 +234,13 @@ row = {
     "audio_s_per_s": int(m.group(3)) if m else None,
     "host_cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
     "dispatcher_cpu_s": round(own_cpu_s, 2),
+    "machine_cpu_s": round(machine_cpu_s, 2),
+    "threads_cpu_s": {k: round(v, 2) for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1]) if v >= 0.5},
     "done": int(jobs.group(1)) if jobs else None, "failed": int(jobs.group(2)) if jobs else None,
     "layout": layout.group(1).strip() if layout else None,
     "limits": limits.groups() if limits else None,
     "stages_s": stages,
+    "after_all_ready": after_ready,
 }
 print(json.dumps(row))
 with open(f"{out}/results.jsonl", "a") as f:

@@ -126,16 +126,22 @@ fn exit_if_unrecoverable(error: &EngineError) {
     }
 }
 
-/// Starts the engine thread. It ends when every sender of the returned channel is dropped.
+/// Starts the engine thread. It ends when every sender of the returned channel is dropped,
+/// dropping the engine on its way out: join it before the process exits, or the engine's device
+/// memory is freed while the CUDA driver shuts down (every free then fails, and says so).
 /// A fault `faults` asks for is caused before the next batch (fault drills only).
 pub fn spawn(
     mut engine: Served,
     faults: Arc<PendingFault>,
-) -> std::io::Result<(mpsc::Sender<EngineJob>, Arc<EngineStatus>)> {
+) -> std::io::Result<(
+    mpsc::Sender<EngineJob>,
+    Arc<EngineStatus>,
+    std::thread::JoinHandle<()>,
+)> {
     let (tx, mut rx) = mpsc::channel::<EngineJob>(1);
     let status = Arc::new(EngineStatus::new());
     let thread_status = Arc::clone(&status);
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name(format!("engine-{}", engine.name()))
         .spawn(move || {
             while let Some(job) = rx.blocking_recv() {
@@ -173,5 +179,24 @@ pub fn spawn(
                 });
             }
         })?;
-    Ok((tx, status))
+    Ok((tx, status, thread))
+}
+
+/// Waits up to `limit` for the engine thread to end (its current batch, then the engine's
+/// release); past that the process exits without it.
+pub fn join(thread: std::thread::JoinHandle<()>, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while !thread.is_finished() {
+        if Instant::now() >= deadline {
+            tracing::warn!(
+                limit_s = limit.as_secs_f64(),
+                "engine thread still busy at shutdown; exiting without releasing the engine"
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if thread.join().is_err() {
+        tracing::warn!("engine thread panicked while stopping");
+    }
 }

@@ -14,6 +14,10 @@ use worker::server::{accept_loop, ServerContext};
 use worker::{engine_thread, WorkerError};
 use worker_protocol::{Task, WorkerInfo};
 
+/// How long a stopping worker waits for its engine to be released: under the 2 s the fleet
+/// gives a worker between SIGTERM and SIGKILL.
+const ENGINE_RELEASE_LIMIT: Duration = Duration::from_millis(1500);
+
 fn main() -> std::process::ExitCode {
     let cli = cli::parse::<Cli>();
     telemetry::logs::init(cli.log_format, "info", &[]);
@@ -119,7 +123,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         )
     })?;
     let faults = Arc::new(PendingFault::default());
-    let (engine_tx, engine_status) =
+    let (engine_tx, engine_status, engine_thread) =
         engine_thread::spawn(engine, faults.clone()).context("engine thread")?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -127,7 +131,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("tokio runtime")?;
-    runtime.block_on(async move {
+    let served = runtime.block_on(async move {
         if args.fault_injection {
             fault_injection::listen(faults).context("fault injection signal handlers")?;
         }
@@ -166,5 +170,10 @@ fn serve(args: ServeArgs) -> Result<()> {
         }
         let _ = std::fs::remove_file(&args.socket);
         anyhow::Ok(())
-    })
+    });
+    // Dropping the runtime drops the batcher and with it the engine thread's last sender: the
+    // thread ends and releases the engine while the driver is still up.
+    drop(runtime);
+    engine_thread::join(engine_thread, ENGINE_RELEASE_LIMIT);
+    served
 }

@@ -4,12 +4,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::error::{DispatchError, ErrorClass, Result};
 use crate::queue::Queue;
 
 type Request = (String, oneshot::Sender<Result<()>>);
+
+/// Delete requests in flight at once. Each job holds its in-flight slot until its delete is
+/// answered, so one request at a time (a round trip each to SQS) capped the main job at about
+/// ten jobs per round trip.
+const MAX_BATCHES_IN_FLIGHT: usize = 4;
 
 #[derive(Clone)]
 pub struct Deleter {
@@ -20,6 +25,7 @@ impl Deleter {
     /// Spawns the batching task; it ends when every `Deleter` clone is dropped.
     pub fn spawn(queue: Arc<dyn Queue>, linger: Duration) -> Self {
         let (tx, mut rx) = mpsc::channel::<Request>(256);
+        let in_flight = Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT));
         tokio::spawn(async move {
             while let Some(first) = rx.recv().await {
                 let mut batch = vec![first];
@@ -30,18 +36,16 @@ impl Deleter {
                         _ => break,
                     }
                 }
-                let receipts: Vec<String> = batch.iter().map(|(r, _)| r.clone()).collect();
-                let mut results = delete_with_one_retry(queue.as_ref(), &receipts).await;
-                for (_, reply) in batch.into_iter().rev() {
-                    let result = results.pop().unwrap_or_else(|| {
-                        Err(DispatchError::Queue {
-                            op: "DeleteMessageBatch",
-                            class: ErrorClass::Transient,
-                            message: "no result for entry".into(),
-                        })
-                    });
-                    let _ = reply.send(result);
-                }
+                let permit = in_flight
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("the deleter's semaphore is never closed (bug)");
+                let queue = queue.clone();
+                tokio::spawn(async move {
+                    send_batch(queue.as_ref(), batch).await;
+                    drop(permit);
+                });
             }
         });
         Self { tx }
@@ -57,6 +61,22 @@ impl Deleter {
         };
         self.tx.send((receipt, reply)).await.map_err(|_| closed())?;
         answer.await.map_err(|_| closed())?
+    }
+}
+
+/// Deletes one batch and answers each request with its entry's result.
+async fn send_batch(queue: &dyn Queue, batch: Vec<Request>) {
+    let receipts: Vec<String> = batch.iter().map(|(r, _)| r.clone()).collect();
+    let mut results = delete_with_one_retry(queue, &receipts).await;
+    for (_, reply) in batch.into_iter().rev() {
+        let result = results.pop().unwrap_or_else(|| {
+            Err(DispatchError::Queue {
+                op: "DeleteMessageBatch",
+                class: ErrorClass::Transient,
+                message: "no result for entry".into(),
+            })
+        });
+        let _ = reply.send(result);
     }
 }
 

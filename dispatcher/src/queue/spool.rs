@@ -7,9 +7,11 @@
 //! processes can share one spool and a killed process leaves no stale lock). An expired lease
 //! makes the message receivable again, so a crash at any point loses nothing.
 
+use std::collections::VecDeque;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -48,6 +50,40 @@ pub struct SpoolQueue {
     /// After this many receives, the next receive moves the message to `dead/` instead.
     max_receives: u32,
     poll_interval: Duration,
+    /// Shared by this handle's clones (one process's receivers).
+    cache: Arc<Mutex<ReceiveCache>>,
+}
+
+/// How long what a receive remembers stays good: another process sharing the spool may send,
+/// take or release messages; this process sees those changes within this much.
+const RESCAN_MS: u64 = 1_000;
+
+/// What receives remember between calls, so that one receive neither lists every waiting
+/// message nor reads every leased one: both made a large folder's run quadratic (11 000
+/// messages went at 170 a second).
+#[derive(Debug, Default)]
+struct ReceiveCache {
+    /// Ready names not yet taken, in send order, as listed at `listed_at_ms`.
+    ready: VecDeque<String>,
+    listed_at_ms: u64,
+    /// The earliest time (epoch ms) a leased message may become visible again, as far as
+    /// this process knows: the last scan's earliest lease end, lowered by every lease this
+    /// process writes since. Leases are read again then, or `RESCAN_MS` after the last scan.
+    leases_due_ms: u64,
+    leases_scanned_at_ms: u64,
+}
+
+impl ReceiveCache {
+    fn leases_due(&self, now: u64) -> bool {
+        now >= self
+            .leases_due_ms
+            .min(self.leases_scanned_at_ms + RESCAN_MS)
+    }
+
+    /// A lease this process wrote (or ended) becomes visible at `visible_at_ms`.
+    fn lease_written(&mut self, visible_at_ms: u64) {
+        self.leases_due_ms = self.leases_due_ms.min(visible_at_ms);
+    }
 }
 
 impl SpoolQueue {
@@ -61,6 +97,7 @@ impl SpoolQueue {
             dir,
             max_receives: max_receives.max(1),
             poll_interval: Duration::from_millis(100),
+            cache: Arc::default(),
         })
     }
 
@@ -113,6 +150,13 @@ impl SpoolQueue {
         Ok(file)
     }
 
+    fn lease_written(&self, visible_at_ms: u64) {
+        self.cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .lease_written(visible_at_ms);
+    }
+
     fn write_entry(&self, sub: &str, entry: &Entry) -> Result<()> {
         let tmp = self.dir.join("tmp").join(uuid::Uuid::new_v4().to_string());
         let dest = self.dir.join(sub).join(format!("{}.json", entry.id));
@@ -136,36 +180,24 @@ impl SpoolQueue {
     fn receive_locked(&self, max: usize, visibility: Duration) -> Result<Vec<Received>> {
         let _lock = self.lock()?;
         let now = now_ms();
-        let leased_dir = self.dir.join("leased");
-        let ready_dir = self.dir.join("ready");
-        let leased_names = list_entries(&leased_dir)?;
+        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
         let mut candidates: Vec<Entry> = Vec::new();
-        // Ready names start with the send time, so name order is send order: only the first
-        // `max` can be taken, and only those are read (reading every waiting message on every
-        // receive made a large folder's run quadratic).
-        for name in list_entries(&ready_dir)? {
-            if candidates.len() >= max {
-                break;
-            }
-            if leased_names.binary_search(&name).is_ok() {
-                // A crash between writing the lease and removing the ready copy.
-                let _ = fs::remove_file(ready_dir.join(&name));
-                continue;
-            }
-            candidates.push(read_entry(&ready_dir.join(name))?);
+        if cache.leases_due(now) {
+            let (visible, next_due_ms) = self.scan_leases(now)?;
+            candidates.extend(visible);
+            cache.leases_due_ms = next_due_ms;
+            cache.leases_scanned_at_ms = now;
         }
-        for name in &leased_names {
-            let entry = read_entry(&leased_dir.join(name))?;
-            if entry.lease.as_ref().is_none_or(|l| l.visible_at_ms <= now) {
-                candidates.push(entry);
-            }
-        }
+        let from_ready = self.take_ready(&mut cache, max, now)?;
+        candidates.extend(from_ready);
         candidates.sort_by(|a, b| (a.sent_at_ms, &a.id).cmp(&(b.sent_at_ms, &b.id)));
 
         let mut out = Vec::new();
+        let mut left = Vec::new();
         for mut entry in candidates {
             if out.len() >= max {
-                break;
+                left.push(entry);
+                continue;
             }
             if entry.receive_count >= self.max_receives {
                 entry.lease = None;
@@ -178,12 +210,14 @@ impl SpoolQueue {
             }
             entry.receive_count += 1;
             let receipt = format!("{}:{}", entry.id, uuid::Uuid::new_v4());
+            let visible_at_ms = now + visibility.as_millis() as u64;
             entry.lease = Some(Lease {
                 receipt: receipt.clone(),
-                visible_at_ms: now + visibility.as_millis() as u64,
+                visible_at_ms,
             });
             self.write_entry("leased", &entry)?;
             self.remove("ready", &entry.id)?;
+            cache.lease_written(visible_at_ms);
             out.push(Received {
                 message_id: entry.id,
                 receipt,
@@ -193,7 +227,68 @@ impl SpoolQueue {
                 received_at: Instant::now(),
             });
         }
+        // Not taken this time: ready ones go back to the front, expired leases are read again
+        // on the next receive.
+        for entry in left.into_iter().rev() {
+            if entry.lease.is_some() {
+                cache.lease_written(now);
+            } else {
+                cache.ready.push_front(format!("{}.json", entry.id));
+            }
+        }
         Ok(out)
+    }
+
+    /// Every leased message whose lease has ended, and when the next of the others ends
+    /// (capped at one rescan interval from now).
+    fn scan_leases(&self, now: u64) -> Result<(Vec<Entry>, u64)> {
+        let leased_dir = self.dir.join("leased");
+        let mut visible = Vec::new();
+        let mut next_due_ms = now + RESCAN_MS;
+        for name in list_entries(&leased_dir)? {
+            let entry = match read_entry(&leased_dir.join(name)) {
+                Ok(entry) => entry,
+                // Deleted by another process since the listing.
+                Err(e) if not_found(&e) => continue,
+                Err(e) => return Err(e),
+            };
+            match entry.lease.as_ref().map(|l| l.visible_at_ms) {
+                Some(at) if at > now => next_due_ms = next_due_ms.min(at),
+                _ => visible.push(entry),
+            }
+        }
+        Ok((visible, next_due_ms))
+    }
+
+    /// Up to `max` waiting messages in send order, from the remembered listing (listed again,
+    /// before any is taken, when it is empty or older than `RESCAN_MS`; listing mid-way would
+    /// list the ones taken so far again). Ready names start with the send time, so name order
+    /// is send order.
+    fn take_ready(&self, cache: &mut ReceiveCache, max: usize, now: u64) -> Result<Vec<Entry>> {
+        let ready_dir = self.dir.join("ready");
+        let leased_dir = self.dir.join("leased");
+        if cache.ready.is_empty() || now >= cache.listed_at_ms + RESCAN_MS {
+            cache.ready = list_entries(&ready_dir)?.into();
+            cache.listed_at_ms = now;
+        }
+        let mut taken = Vec::new();
+        while taken.len() < max {
+            let Some(name) = cache.ready.pop_front() else {
+                break;
+            };
+            if leased_dir.join(&name).exists() {
+                // A crash between writing the lease and removing the ready copy.
+                let _ = fs::remove_file(ready_dir.join(&name));
+                continue;
+            }
+            match read_entry(&ready_dir.join(&name)) {
+                Ok(entry) => taken.push(entry),
+                // Taken by another process since the listing.
+                Err(e) if not_found(&e) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(taken)
     }
 
     /// Runs `change` on the leased entry that `receipt` names, if the lease is still ours.
@@ -203,19 +298,25 @@ impl SpoolQueue {
         require_unexpired: bool,
         change: impl FnOnce(&Self, Entry) -> Result<()>,
     ) -> Result<()> {
+        let _lock = self.lock()?;
+        self.with_lease_locked(receipt, require_unexpired, change)
+    }
+
+    /// [`Self::with_lease`] for a caller that holds the lock.
+    fn with_lease_locked(
+        &self,
+        receipt: &str,
+        require_unexpired: bool,
+        change: impl FnOnce(&Self, Entry) -> Result<()>,
+    ) -> Result<()> {
         let id = receipt.split(':').next().unwrap_or_default();
         if !is_entry_name(std::ffi::OsStr::new(&format!("{id}.json"))) {
             return Err(lease_lost(receipt));
         }
-        let _lock = self.lock()?;
         let path = self.dir.join("leased").join(format!("{id}.json"));
         let entry = match read_entry(&path) {
             Ok(entry) => entry,
-            Err(DispatchError::Io { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
-                return Err(lease_lost(receipt))
-            }
+            Err(e) if not_found(&e) => return Err(lease_lost(receipt)),
             Err(e) => return Err(e),
         };
         let ours = entry.lease.as_ref().is_some_and(|l| {
@@ -274,6 +375,11 @@ fn list_entries(dir: &Path) -> Result<Vec<String>> {
     Ok(names)
 }
 
+/// Whether `e` is a file that is not there (any more).
+fn not_found(e: &DispatchError) -> bool {
+    matches!(e, DispatchError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+}
+
 fn read_entry(path: &Path) -> Result<Entry> {
     let bytes = fs::read(path).map_err(|e| DispatchError::io(path, e))?;
     serde_json::from_slice(&bytes).map_err(|e| DispatchError::Queue {
@@ -314,10 +420,14 @@ impl Queue for SpoolQueue {
         let receipt = receipt.to_owned();
         blocking(move || {
             this.with_lease(&receipt, true, |spool, mut entry| {
+                let visible_at_ms = now_ms() + visibility.as_millis() as u64;
                 if let Some(lease) = entry.lease.as_mut() {
-                    lease.visible_at_ms = now_ms() + visibility.as_millis() as u64;
+                    lease.visible_at_ms = visible_at_ms;
                 }
-                spool.write_entry("leased", &entry)
+                spool.write_entry("leased", &entry)?;
+                // A retry delay shorter than the lease it replaces makes it visible sooner.
+                spool.lease_written(visible_at_ms);
+                Ok(())
             })
         })
         .await
@@ -327,12 +437,14 @@ impl Queue for SpoolQueue {
         let this = self.clone();
         let receipts = receipts.to_vec();
         blocking(move || {
+            // One lock for the batch.
+            let _lock = this.lock()?;
             Ok(receipts
                 .iter()
                 .map(|receipt| {
                     // Deleting with the latest receipt works even after the lease expired, as
                     // on SQS, as long as nobody received the message since.
-                    this.with_lease(receipt, false, |spool, entry| {
+                    this.with_lease_locked(receipt, false, |spool, entry| {
                         spool.remove("leased", &entry.id)
                     })
                 })
@@ -346,10 +458,13 @@ impl Queue for SpoolQueue {
         let receipt = receipt.to_owned();
         blocking(move || {
             this.with_lease(&receipt, false, |spool, mut entry| {
+                let visible_at_ms = now_ms();
                 if let Some(lease) = entry.lease.as_mut() {
-                    lease.visible_at_ms = now_ms();
+                    lease.visible_at_ms = visible_at_ms;
                 }
-                spool.write_entry("leased", &entry)
+                spool.write_entry("leased", &entry)?;
+                spool.lease_written(visible_at_ms);
+                Ok(())
             })
         })
         .await
@@ -502,5 +617,73 @@ mod tests {
             .expect("del")[0]
             .is_ok());
         assert_eq!(q.pending().await.expect("pending"), 0);
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_receivers_never_share_a_message() {
+        let (_d, q) = spool(5);
+        for i in 0..300 {
+            q.send_one(&i.to_string()).expect("send");
+        }
+        let receivers: Vec<_> = (0..8)
+            .map(|_| {
+                let q = q.clone();
+                tokio::spawn(async move {
+                    let mut bodies = Vec::new();
+                    loop {
+                        let got = q
+                            .receive(3, NO_WAIT, Duration::from_secs(60))
+                            .await
+                            .expect("rx");
+                        if got.is_empty() {
+                            return bodies;
+                        }
+                        let receipts: Vec<String> = got.iter().map(|m| m.receipt.clone()).collect();
+                        bodies.extend(got.into_iter().map(|m| m.body));
+                        for deleted in q.delete_batch(&receipts).await.expect("delete") {
+                            deleted.expect("our lease");
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for r in receivers {
+            all.extend(r.await.expect("receiver"));
+        }
+        all.sort();
+        let before = all.len();
+        all.dedup();
+        assert_eq!((before, all.len()), (300, 300), "each message exactly once");
+        assert_eq!(q.pending().await.expect("pending"), 0);
+    }
+    #[tokio::test]
+    async fn messages_sent_after_a_listing_are_received_once_each() {
+        let (_d, q) = spool(5);
+        for body in ["a", "b", "c"] {
+            q.send_one(body).expect("send");
+        }
+        let mut bodies: Vec<String> = q
+            .receive(2, NO_WAIT, Duration::from_secs(60))
+            .await
+            .expect("rx")
+            .into_iter()
+            .map(|m| m.body)
+            .collect();
+        // "c" is still remembered from the first listing; these are not yet.
+        for body in ["d", "e", "f"] {
+            q.send_one(body).expect("send");
+        }
+        loop {
+            let got = q
+                .receive(10, NO_WAIT, Duration::from_secs(60))
+                .await
+                .expect("rx");
+            if got.is_empty() {
+                break;
+            }
+            bodies.extend(got.into_iter().map(|m| m.body));
+        }
+        bodies.sort();
+        assert_eq!(bodies, ["a", "b", "c", "d", "e", "f"]);
     }
 }

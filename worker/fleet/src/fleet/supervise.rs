@@ -333,6 +333,11 @@ fn try_connect(shared: &Arc<Shared>, slot: usize, generation: u64, socket: &std:
                 return;
             };
             let mut state = shared.lock();
+            if state.shutting_down {
+                // The fleet closed it: nothing to restart, nothing to warn about.
+                tracing::debug!(slot, ?failure, %detail, "worker connection closed at shutdown");
+                return;
+            }
             let s = &mut state.slots[slot];
             if s.generation == generation && s.broken.is_none() {
                 tracing::warn!(slot, ?failure, %detail, "worker connection ended");
