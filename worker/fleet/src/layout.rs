@@ -19,17 +19,13 @@ pub const MIN_SMS_PER_INSTANCE: u32 = 16;
 pub const MEMORY_PER_INSTANCE_BYTES: u64 = 2_600 << 20;
 /// Share of the GPU's memory the workers may plan to use (the rest: MPS server, diarization).
 pub const MEMORY_SHARE: f64 = 0.8;
-/// Host cores per GPU below which one worker gets the whole GPU (two from here). Measured on an
-/// H200 host with 16 cores (docs/benchmarks.md, the main job end to end): the host decodes about
-/// 540-760 audio seconds per core-second of a mixed-format corpus, so it cannot feed the 11 000
-/// audio-s/s that 4 workers under MPS serve (the main job ran at 5 432-6 165 audio-s/s with
-/// 4 x 25 % against 7 407-7 995 with one worker); 2 x 50 % under MPS ran 5-9 % faster than one
-/// worker in three calls (6 052 against 5 623, 7 133 against 6 517 and 7 248 against 6 890
-/// with larger in-flight limits).
-pub const HOST_CORES_FOR_TWO_PER_GPU: usize = 16;
-/// Host cores per GPU from which up to [`MAX_INSTANCES_PER_GPU`] share it: twice the cores
-/// that fed two (an extrapolation: no 32-core host was available to measure).
-pub const HOST_CORES_TO_SHARE_A_GPU: usize = 32;
+/// Host cores each worker needs to be fed: a GPU gets one worker per this many cores of the
+/// host's (per GPU), up to the cap. Measured on an H200 host with 16 cores (docs/benchmarks.md,
+/// session 28, 96 h of mixed formats): the main job ran at 10 738 audio-s/s with 4 x 25 % under
+/// MPS against 9 333 with 2 x 50 % in the same call, its dispatcher busy on about 9 of the 16
+/// cores decoding (about 1 200 audio seconds per core-second of that mix), so 4 cores feed
+/// about one worker's share of the GPU. Fewer cores than 16 per GPU were not measured.
+pub const HOST_CORES_PER_WORKER: usize = 4;
 
 /// The workers chosen for one GPU, and why (for the start-up log line).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,21 +38,14 @@ pub struct Layout {
 /// 1. at most [`MAX_INSTANCES_PER_GPU`];
 /// 2. at least [`MIN_SMS_PER_INSTANCE`] SMs each;
 /// 3. [`MEMORY_PER_INSTANCE_BYTES`] each within [`MEMORY_SHARE`] of the GPU's memory;
-/// 4. one, when the host has fewer than [`HOST_CORES_FOR_TWO_PER_GPU`] cores per GPU, two below
-///    [`HOST_CORES_TO_SHARE_A_GPU`] (it cannot decode audio as fast as more workers would serve
-///    it);
+/// 4. one per [`HOST_CORES_PER_WORKER`] of the host's cores per GPU (the host decodes the
+///    audio: more workers than it can feed only wait);
 /// 5. at least one.
 pub fn auto_instances(device: &DeviceReport, host_cores_per_gpu: usize) -> Layout {
     let by_sms = (device.sm_count / MIN_SMS_PER_INSTANCE) as usize;
     let budget = (device.memory_bytes as f64 * MEMORY_SHARE) as u64;
     let by_memory = (budget / MEMORY_PER_INSTANCE_BYTES) as usize;
-    let by_host = if host_cores_per_gpu < HOST_CORES_FOR_TWO_PER_GPU {
-        1
-    } else if host_cores_per_gpu < HOST_CORES_TO_SHARE_A_GPU {
-        2
-    } else {
-        MAX_INSTANCES_PER_GPU
-    };
+    let by_host = host_cores_per_gpu / HOST_CORES_PER_WORKER;
     let instances = MAX_INSTANCES_PER_GPU
         .min(by_sms)
         .min(by_memory)
@@ -65,8 +54,7 @@ pub fn auto_instances(device: &DeviceReport, host_cores_per_gpu: usize) -> Layou
     let reason = format!(
         "{} with {} SMs and {} MiB, {host_cores_per_gpu} host cores for it: min(cap \
          {MAX_INSTANCES_PER_GPU}, {by_sms} by SMs at {MIN_SMS_PER_INSTANCE} each, {by_memory} \
-         by memory at {} MiB each, {by_host} by the host's cores ({HOST_CORES_FOR_TWO_PER_GPU} \
-         per GPU to feed two, {HOST_CORES_TO_SHARE_A_GPU} for more))",
+         by memory at {} MiB each, {by_host} by the host's cores at {HOST_CORES_PER_WORKER} each)",
         device.name,
         device.sm_count,
         device.memory_bytes >> 20,
@@ -150,11 +138,12 @@ mod tests {
     #[test]
     fn a_host_too_small_to_feed_several_workers_gets_fewer() {
         let h200 = gpu("NVIDIA H200", 132, 141);
-        assert_eq!(auto_instances(&h200, 8).instances, 1);
-        assert_eq!(auto_instances(&h200, 15).instances, 1);
-        assert_eq!(auto_instances(&h200, 16).instances, 2);
-        assert_eq!(auto_instances(&h200, 31).instances, 2);
-        assert_eq!(auto_instances(&h200, 32).instances, 4);
+        assert_eq!(auto_instances(&h200, 2).instances, 1);
+        assert_eq!(auto_instances(&h200, 7).instances, 1);
+        assert_eq!(auto_instances(&h200, 8).instances, 2);
+        assert_eq!(auto_instances(&h200, 12).instances, 3);
+        assert_eq!(auto_instances(&h200, 16).instances, 4);
+        assert_eq!(auto_instances(&h200, 96).instances, 4);
         let why = auto_instances(&h200, 16).reason;
         assert!(why.contains("16 host cores"), "{why}");
     }
