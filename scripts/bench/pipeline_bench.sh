@@ -168,10 +168,16 @@ def descendants(pid):
 # CPU seconds per thread of the dispatcher and its descendants (latest reading per thread):
 # which threads the host's time goes to.
 threads = {}
+# Largest resident set (VmHWM) of any one process, per process name.
+peak_rss_mib = {}
 def sample_threads(root):
     for p in descendants(root):
         try:
             pcomm, _ = stat_fields(f"/proc/{p}/stat")
+            hwm = [l for l in open(f"/proc/{p}/status") if l.startswith("VmHWM:")]
+            if hwm:
+                mib = int(hwm[0].split()[1]) // 1024
+                peak_rss_mib[pcomm] = max(peak_rss_mib.get(pcomm, 0), mib)
             for t in os.listdir(f"/proc/{p}/task"):
                 comm, f = stat_fields(f"/proc/{p}/task/{t}/stat")
                 threads[(p, int(t))] = (pcomm, comm, (int(f[11]) + int(f[12])) / tick)
@@ -235,6 +241,7 @@ row = {
     "host_cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
     "dispatcher_cpu_s": round(own_cpu_s, 2),
     "machine_cpu_s": round(machine_cpu_s, 2),
+    "peak_rss_mib": peak_rss_mib,
     "threads_cpu_s": {k: round(v, 2) for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1]) if v >= 0.5},
     "done": int(jobs.group(1)) if jobs else None, "failed": int(jobs.group(2)) if jobs else None,
     "layout": layout.group(1).strip() if layout else None,

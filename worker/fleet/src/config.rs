@@ -39,8 +39,12 @@ pub struct FleetConfig {
     pub groups: Vec<GroupConfig>,
     /// Sockets and the load lock live here.
     pub runtime_dir: PathBuf,
-    /// The file lock that serialises model loading across workers (and supervisors).
+    /// The file lock that bounds model loading across workers (and supervisors): this path and
+    /// `concurrent_loads - 1` numbered siblings.
     pub load_lock: PathBuf,
+    /// Workers that may load their model at once (each holds its checkpoint in host memory
+    /// while it loads); 1 loads them one after another.
+    pub concurrent_loads: usize,
     /// Where the transcription workers of each GPU share one copy of the encoder weights
     /// (`worker --cuda-weights-share-dir`); `None`: every worker keeps its own.
     pub weights_share_dir: Option<PathBuf>,
@@ -103,6 +107,7 @@ impl FleetConfig {
                 mps: None,
             }],
             load_lock: runtime_dir.join("model-load.lock"),
+            concurrent_loads: 1,
             weights_share_dir: Some(runtime_dir.join("weights")),
             runtime_dir,
             max_outstanding_per_worker: DEFAULT_MAX_OUTSTANDING_PER_CPU_WORKER,

@@ -1,6 +1,7 @@
-//! An exclusive advisory lock on a file (flock), held while one worker loads its model so that
-//! N instances do not read the checkpoint and allocate device memory at the same time. Works
-//! across processes and across open handles in one process.
+//! Exclusive advisory locks on files (flock), one held by each worker while it loads its model,
+//! so that no more workers than the host's memory holds read their checkpoints at the same time
+//! (`FleetConfig::concurrent_loads` lock files: one means one load at a time). Works across
+//! processes and across open handles in one process.
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::Path;
@@ -14,6 +15,24 @@ pub struct LoadLock {
 }
 
 impl LoadLock {
+    /// One of `count` locks: `base` itself, then `base.1`, `base.2`, ...; `Ok(None)` when
+    /// every one is held.
+    pub fn try_acquire_one_of(base: &Path, count: usize) -> Result<Option<Self>, FleetError> {
+        for k in 0..count.max(1) {
+            let path = if k == 0 {
+                base.to_owned()
+            } else {
+                let mut name = base.as_os_str().to_owned();
+                name.push(format!(".{k}"));
+                name.into()
+            };
+            if let Some(lock) = Self::try_acquire(&path)? {
+                return Ok(Some(lock));
+            }
+        }
+        Ok(None)
+    }
+
     /// `Ok(None)` when someone else holds it.
     pub fn try_acquire(path: &Path) -> Result<Option<Self>, FleetError> {
         let file = OpenOptions::new()
@@ -36,6 +55,22 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
+
+    #[test]
+    fn one_of_several_locks_goes_to_each_holder_until_all_are_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("load.lock");
+        let first = LoadLock::try_acquire_one_of(&base, 2)
+            .unwrap()
+            .expect("free");
+        let second = LoadLock::try_acquire_one_of(&base, 2)
+            .unwrap()
+            .expect("one left");
+        assert!(LoadLock::try_acquire_one_of(&base, 2).unwrap().is_none());
+        // The base lock alone is the one-at-a-time lock of a fleet allowing a single load.
+        assert!(LoadLock::try_acquire(&base).unwrap().is_none());
+        drop((first, second));
+    }
 
     #[test]
     fn second_holder_waits_until_release() {

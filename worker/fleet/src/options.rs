@@ -152,9 +152,23 @@ impl FleetOptions {
                 ))
             }
         };
+        let workers: usize = groups.iter().map(|g| g.instances).sum();
         let mut config = FleetConfig::cpu(worker_binary, model.to_owned(), runtime_dir, 1);
         config.engine = engine;
         config.groups = groups;
+        if let (Ok(meta), Some(available)) =
+            (std::fs::metadata(model), layout::available_memory_bytes())
+        {
+            config.concurrent_loads = layout::concurrent_loads(meta.len(), available, workers);
+            tracing::info!(
+                loads = config.concurrent_loads,
+                workers,
+                checkpoint_mib = meta.len() >> 20,
+                available_mib = available >> 20,
+                "model loads at once (host memory at {}x the checkpoint each)",
+                layout::LOAD_MEMORY_PER_CHECKPOINT_BYTE
+            );
+        }
         config.worker_args = self.worker_args.clone();
         if self.no_weight_sharing {
             config.weights_share_dir = None;

@@ -251,8 +251,10 @@ fn tick(shared: &Shared, state: &mut State) -> Vec<(usize, u64, PathBuf)> {
                 {
                     continue;
                 }
-                // One model load at a time, across every supervisor sharing the lock file.
-                let lock = match LoadLock::try_acquire(&cfg.load_lock) {
+                // At most `concurrent_loads` model loads at a time, across every supervisor
+                // sharing the lock files.
+                let lock = match LoadLock::try_acquire_one_of(&cfg.load_lock, cfg.concurrent_loads)
+                {
                     Ok(Some(lock)) => lock,
                     Ok(None) => continue,
                     Err(e) => {
