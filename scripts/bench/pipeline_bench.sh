@@ -32,7 +32,7 @@
 #   tune     runs of the whole mix with other settings: TUNE="name:args;name:args", each run
 #            named tune-NAME with ARGS added to the defaults (words split on spaces)
 #   formats  host CPU per format: one run per format's recordings (and one with none, whose
-#            CPU, the fleet's start and stop, is subtracted)
+#            CPU, the fleet's start and stop, is subtracted, as are the workers' model loads)
 #   sla      the seed article's SLA sweep (worker/fleet/examples/sla_sweep.rs) on the 5/15/30/
 #            45/60 s clips: layouts single, timeslice4, mps2, mps4, mps8 (SLA_LAYOUTS), closed
 #            loop at SLA_CONCURRENCY, SLA_ROUNDS rounds of SLA_LEVEL_S s; writes sla.csv (plot it
@@ -316,12 +316,16 @@ if has formats; then
   python3 - "$OUT/results.jsonl" <<'PY' | tee "$OUT/formats.txt"
 import json, sys
 rows = {r["run"]: r for r in map(json.loads, open(sys.argv[1]))}
-base = rows.get("formats-none", {}).get("host_cpu_s", 0.0)
+def beyond_load(r):
+    # The workers' main threads load the model and then only accept connections: their time
+    # is the fleet's start, whether a run lasted long enough for every load to finish or not.
+    return r["host_cpu_s"] - r.get("threads_cpu_s", {}).get("worker/worker", 0.0)
+base = beyond_load(rows["formats-none"]) if "formats-none" in rows else 0.0
 for fmt in ["wav", "flac", "mp3", "opus_ogg", "m4a"]:
     r = rows.get(f"formats-{fmt}")
     if not r or not r["audio_s"]:
         continue
-    cpu = r["host_cpu_s"] - base
+    cpu = beyond_load(r) - base
     print(f"{fmt}: {r['audio_s']:.0f} audio-s, host CPU {cpu:.1f} s beyond the fleet's start "
           f"and stop ({base:.1f} s): {r['audio_s']/cpu:.0f} audio-s per core-second; "
           f"decode stage {r['stages_s'].get('decode', 0):.1f} s, resample {r['stages_s'].get('resample', 0):.1f} s")
