@@ -32,7 +32,8 @@
 #   tune     runs of the whole mix with other settings: TUNE="name:args;name:args", each run
 #            named tune-NAME with ARGS added to the defaults (words split on spaces)
 #   formats  host CPU per format: one run per format's recordings (and one with none, whose
-#            CPU, the fleet's start and stop, is subtracted, as are the workers' model loads)
+#            CPU, the fleet's start and stop, is subtracted, as are the workers' model loads);
+#            FORMATS picks the formats (default "wav flac mp3 opus_ogg m4a")
 #   sla      the seed article's SLA sweep (worker/fleet/examples/sla_sweep.rs) on the 5/15/30/
 #            45/60 s clips: layouts single, timeslice4, mps2, mps4, mps8 (SLA_LAYOUTS), closed
 #            loop at SLA_CONCURRENCY, SLA_ROUNDS rounds of SLA_LEVEL_S s; writes sla.csv (plot it
@@ -47,7 +48,8 @@
 #            .device-moto/, from scripts/bench/moto_site.sh), the corpus uploaded to a bucket, one
 #            job per recording (`dispatcher backfill`), then `dispatcher run --gpus 0
 #            --exit-when-idle` and nothing else; run moto-default, beside `local` on the same
-#            corpus (run default) when that step runs too
+#            corpus (run default, or run moto-local-same when MOTO_CORPUS names a smaller folder:
+#            moto serves a few hundred requests per second)
 # Every run's host CPU is the user + system time of the dispatcher and everything it waited for
 # (its workers); its wall and audio-s/s come from the dispatcher's closing table, which times
 # from the fleet being ready (its start excluded) to the last job's end.
@@ -59,6 +61,15 @@ MODEL=${MODEL:-/tmp/parakeet-random.nemo}
 HOURS=${HOURS:-23}
 LONG_COPIES=${LONG_COPIES:-4}
 CORPUS=${CORPUS:-/tmp/pipeline-corpus}
+# Where each run's spool and store live (SCRATCH=/dev/shm: in memory, without the file system's
+# cost per job, for comparison): new folders per run under $RUNS, never deleted here. This
+# machine's root is ext4 without a journal, where each file created in the minutes after files
+# were deleted (1-6 minutes: the kernel's RECENTCY_MIN and RECENTCY_DIRTY) is allocated past
+# every inode deleted since: deleting one run's store (some 100 000 files for the 96 h corpus)
+# would slow every file the next run writes, and the next run would pay for this script's
+# housekeeping. (That is what made system time per job grow from run to run before.)
+SCRATCH=${SCRATCH:-/tmp}
+RUNS=$SCRATCH/pipeline-runs/$(date +%s)
 SEED=${SEED:-$PWD/.bench-corpus}
 mkdir -p "$OUT" "$BIN"
 if [ ! -x "$BIN/dispatcher" ]; then
@@ -66,8 +77,8 @@ if [ ! -x "$BIN/dispatcher" ]; then
 fi
 export LD_LIBRARY_PATH="$BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 has() { [[ " $STEPS " == *" $1 "* ]]; }
-{ date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader; nproc; } \
-  | tee "$OUT/machine.txt"
+{ date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader; nproc
+  findmnt -no SOURCE,FSTYPE,OPTIONS -T "$SCRATCH"; } | tee "$OUT/machine.txt"
 
 if has model; then
   OUT=$OUT/drill MODEL=$MODEL STEPS=model BIN=$BIN bash scripts/device/gpu_fleet_drill.sh >/dev/null 2>&1
@@ -125,14 +136,15 @@ fi
 # run NAME INPUT_DIR [dispatcher flags...]: one `dispatcher local` over INPUT_DIR.
 run() {
   local name=$1 input=$2; shift 2
-  rm -rf /tmp/spool /tmp/store "/tmp/fleet-$name"
+  local dir=$RUNS/$name
+  mkdir -p "$dir"; rm -rf "/tmp/fleet-$name"
   nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits -lms 200 \
     > "$OUT/gpu-$name.csv" 2>/dev/null &
   local smi=$!
   # RUN_COMMAND: another subcommand than `local` on INPUT_DIR (its words, split on spaces).
   local command
   # shellcheck disable=SC2206 # RUN_COMMAND is a list of words
-  command=(${RUN_COMMAND:-local --spool /tmp/spool --store /tmp/store --input-dir "$input" \
+  command=(${RUN_COMMAND:-local --spool "$dir/spool" --store "$dir/store" --input-dir "$input" \
     --progress-interval-s 5})
   python3 - "$OUT" "$name" "$BIN/dispatcher" "${command[@]}" --model "$MODEL" --gpus 0 \
     --runtime-dir "/tmp/fleet-$name" "$@" <<'PY'
@@ -140,7 +152,7 @@ import datetime, json, os, re, resource, subprocess, sys, time
 out, name, cmd = sys.argv[1], sys.argv[2], sys.argv[3:]
 started = time.time()
 tick = os.sysconf("SC_CLK_TCK")
-own_cpu_s = 0.0
+own_cpu_s = own_sys_s = 0.0
 
 def machine_busy_s():
     # Every process's time, the MPS daemon's and server's included (not the dispatcher's
@@ -193,6 +205,7 @@ with open(f"{out}/{name}.log", "w") as log:
         try:
             fields = open(f"/proc/{proc.pid}/stat").read().rsplit(")", 1)[1].split()
             own_cpu_s = (int(fields[11]) + int(fields[12])) / tick
+            own_sys_s = int(fields[12]) / tick
             sample_threads(proc.pid)
         except (OSError, IndexError, ValueError):
             pass
@@ -240,6 +253,7 @@ row = {
     "audio_s_per_s": int(m.group(3)) if m else None,
     "host_cpu_s": round(usage.ru_utime + usage.ru_stime, 2),
     "dispatcher_cpu_s": round(own_cpu_s, 2),
+    "dispatcher_sys_s": round(own_sys_s, 2),
     "machine_cpu_s": round(machine_cpu_s, 2),
     "peak_rss_mib": peak_rss_mib,
     "threads_cpu_s": {k: round(v, 2) for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1]) if v >= 0.5},
@@ -310,7 +324,7 @@ if has default && [ -d "$CORPUS-quarter" ]; then run default-quarter "$CORPUS-qu
 if has formats; then
   mkdir -p /tmp/empty-input
   run formats-none /tmp/empty-input
-  for fmt in wav flac mp3 opus_ogg m4a; do
+  for fmt in ${FORMATS:-wav flac mp3 opus_ogg m4a}; do
     run "formats-$fmt" "$CORPUS/$fmt"
   done
   python3 - "$OUT/results.jsonl" <<'PY' | tee "$OUT/formats.txt"
@@ -328,7 +342,8 @@ for fmt in ["wav", "flac", "mp3", "opus_ogg", "m4a"]:
     cpu = beyond_load(r) - base
     print(f"{fmt}: {r['audio_s']:.0f} audio-s, host CPU {cpu:.1f} s beyond the fleet's start "
           f"and stop ({base:.1f} s): {r['audio_s']/cpu:.0f} audio-s per core-second; "
-          f"decode stage {r['stages_s'].get('decode', 0):.1f} s, resample {r['stages_s'].get('resample', 0):.1f} s")
+          f"decode stage {r['stages_s'].get('decode', 0):.1f} s, resample {r['stages_s'].get('resample', 0):.1f} s; "
+          f"dispatcher {r['dispatcher_cpu_s']:.1f} s, of it system {r.get('dispatcher_sys_s', 0):.1f} s")
 PY
 fi
 
@@ -387,7 +402,8 @@ if has moto; then
     AWS_SECRET_ACCESS_KEY=bench AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1 \
     AWS_EC2_METADATA_DISABLED=true
   # The corpus into s3://bench-in/corpus/ (16 threads), the queue, then one job per recording.
-  queue_url=$(PYTHONPATH=/tmp/moto-site python3 - "$CORPUS" <<'PY'
+  moto_corpus=${MOTO_CORPUS:-$CORPUS}
+  queue_url=$(PYTHONPATH=/tmp/moto-site python3 - "$moto_corpus" <<'PY'
 import os, sys, boto3
 from concurrent.futures import ThreadPoolExecutor
 root = sys.argv[1]
@@ -406,8 +422,12 @@ PY
   "$BIN/dispatcher" backfill s3://bench-in/corpus/ --queue-url "$queue_url" \
     --output-uri s3://bench-out/results/ --model "$MODEL" --s3-force-path-style 2>&1 | tail -2
   RUN_COMMAND="run --queue-url $queue_url --output-uri s3://bench-out/results/ \
-    --s3-force-path-style --exit-when-idle" run moto-default "$CORPUS"
+    --s3-force-path-style --exit-when-idle" run moto-default "$moto_corpus"
+  # moto answers from one Python process: its CPU beside the run's wall tells whether it was
+  # the limit.
+  echo "moto server CPU (upload, backfill and run): $(ps -o cputime= -p "$moto_pid")"
   kill "$moto_pid"; wait "$moto_pid" 2>/dev/null
+  [ "$moto_corpus" != "$CORPUS" ] && run moto-local-same "$moto_corpus"
 fi
 
 if [ -n "${TARBALL:-}" ]; then

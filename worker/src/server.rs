@@ -197,6 +197,8 @@ async fn submit(
         return;
     }
     let Audio::Pcm16k(pcm) = audio;
+    // Just decoded, so the only owner: no copy.
+    let pcm = std::sync::Arc::unwrap_or_clone(pcm);
     let problem = if pcm.is_empty() {
         Some("empty audio")
     } else if pcm.iter().any(|s| !s.is_finite()) {

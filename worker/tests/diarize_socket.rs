@@ -25,7 +25,7 @@ fn diarize_worker(dir: &std::path::Path) -> Result<WorkerProcess> {
 fn diarize(stream: &mut UnixStream, id: u64, pcm: &[f32]) -> Result<WorkerMessage> {
     let request = DiarizeRequest {
         id,
-        audio: Audio::Pcm16k(pcm.to_vec()),
+        audio: Audio::Pcm16k(pcm.to_vec().into()),
         deadline_ms: None,
     };
     write_frame(stream, &ClientMessage::Diarize(request))?;
@@ -92,7 +92,7 @@ fn requests_of_the_other_task_are_bad_requests() -> Result<()> {
     let mut stream = worker.connect()?;
     let request = TranscribeRequest {
         id: 7,
-        audio: Audio::Pcm16k(pcm[..16_000].to_vec()),
+        audio: Audio::Pcm16k(pcm[..16_000].to_vec().into()),
         deadline_ms: None,
         priority: worker_protocol::Priority::Batch,
     };

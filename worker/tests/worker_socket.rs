@@ -24,7 +24,7 @@ fn transcribe_all(
     for id in 0..n {
         let request = TranscribeRequest {
             id: id as u64,
-            audio: Audio::Pcm16k(clips[id % clips.len()].1.clone()),
+            audio: Audio::Pcm16k(clips[id % clips.len()].1.clone().into()),
             deadline_ms: None,
             priority: worker_protocol::Priority::Batch,
         };
@@ -131,7 +131,7 @@ fn garbage_and_misuse_get_typed_errors_and_worker_keeps_serving() -> Result<()> 
     for (id, pcm) in [(1u64, vec![]), (2, vec![f32::NAN; 1600])] {
         let req = TranscribeRequest {
             id,
-            audio: Audio::Pcm16k(pcm),
+            audio: Audio::Pcm16k(pcm.into()),
             deadline_ms: None,
             priority: worker_protocol::Priority::Batch,
         };
@@ -226,7 +226,7 @@ fn cancel_and_deadline_answer_without_running() -> Result<()> {
     let mut s = worker.connect()?;
     let started = std::time::Instant::now();
     for (id, deadline_ms) in [(1u64, None), (2, Some(100)), (3, None)] {
-        let audio = Audio::Pcm16k(clips[0].1.clone());
+        let audio = Audio::Pcm16k(clips[0].1.clone().into());
         write_frame(
             &mut s,
             &ClientMessage::Transcribe(TranscribeRequest {

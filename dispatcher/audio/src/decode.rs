@@ -6,7 +6,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use symphonia::core::audio::{Channels, Position};
+use symphonia::core::audio::{Audio, Channels, GenericAudioBufferRef, Position};
 use symphonia::core::codecs::audio::well_known::CODEC_ID_OPUS;
 use symphonia::core::codecs::audio::{AudioCodecParameters, AudioDecoderOptions};
 use symphonia::core::codecs::registry::CodecRegistry;
@@ -182,8 +182,7 @@ fn decode_source(
                     continue;
                 }
                 state.begin_or_check(rate, channels)?;
-                buffer.copy_to_vec_interleaved(&mut state.interleaved);
-                state.push_interleaved(buffer.frames())?;
+                state.push(&buffer)?;
             }
             Err(SymError::DecodeError(msg)) => state.note_corrupt(msg)?,
             Err(SymError::Unsupported(feature)) => {
@@ -489,7 +488,8 @@ struct DecodeState<'l> {
     stream: Option<(u32, usize, MonoResampler)>,
     source_frames: u64,
     corrupt_packets: u32,
-    interleaved: Vec<f32>,
+    /// A decoded buffer's channels as f32, for sample types other than f32.
+    planes: Vec<Vec<f32>>,
     mono: Vec<f32>,
     pcm_16k: Vec<f32>,
     /// Time spent in downmix and resampling so far.
@@ -503,7 +503,7 @@ impl<'l> DecodeState<'l> {
             stream: None,
             source_frames: 0,
             corrupt_packets: 0,
-            interleaved: Vec::new(),
+            planes: Vec::new(),
             mono: Vec::new(),
             pcm_16k: Vec::new(),
             resampling: std::time::Duration::ZERO,
@@ -541,9 +541,10 @@ impl<'l> DecodeState<'l> {
         }
     }
 
-    /// Downmixes `self.interleaved` (mean of channels), then resamples into `pcm_16k`.
-    fn push_interleaved(&mut self, frames: usize) -> Result<(), AudioError> {
-        let Some((rate, channels, resampler)) = self.stream.as_mut() else {
+    /// Downmixes one decoded buffer (mean of channels), then resamples it into `pcm_16k`.
+    fn push(&mut self, buffer: &GenericAudioBufferRef<'_>) -> Result<(), AudioError> {
+        let frames = buffer.frames();
+        let Some((rate, _, resampler)) = self.stream.as_mut() else {
             return Ok(());
         };
         self.source_frames += frames as u64;
@@ -555,13 +556,16 @@ impl<'l> DecodeState<'l> {
             });
         }
         let started = std::time::Instant::now();
-        let scale = 1.0 / *channels as f32;
-        self.mono.clear();
-        self.mono.extend(
-            self.interleaved
-                .chunks_exact(*channels)
-                .map(|frame| finite_or_zero(frame.iter().sum::<f32>() * scale)),
-        );
+        // f32 planes (most codecs' output) are read where they lie; other sample types are
+        // converted once. Plane by plane, not frame by frame: the loops vectorize.
+        let planes: Vec<&[f32]> = match buffer {
+            GenericAudioBufferRef::F32(buf) => buf.iter_planes().collect(),
+            other => {
+                other.copy_to_vecs_planar(&mut self.planes);
+                self.planes.iter().map(Vec::as_slice).collect()
+            }
+        };
+        downmix(&planes, &mut self.mono);
         let grow_by = (self.mono.len() * TARGET_SAMPLE_RATE_HZ as usize) / *rate as usize + 2;
         if self.pcm_16k.capacity() - self.pcm_16k.len() < grow_by {
             self.pcm_16k
@@ -634,6 +638,26 @@ impl<'l> DecodeState<'l> {
             peak_abs,
             resample_s: self.resampling.as_secs_f64(),
         })
+    }
+}
+
+/// The mean of the channels, frame by frame, summed in channel order (as a frame's
+/// `iter().sum()` would), with non-finite results zeroed.
+fn downmix(planes: &[&[f32]], mono: &mut Vec<f32>) {
+    let Some((first, rest)) = planes.split_first() else {
+        mono.clear();
+        return;
+    };
+    mono.clear();
+    mono.extend_from_slice(first);
+    for plane in rest {
+        for (sum, sample) in mono.iter_mut().zip(plane.iter()) {
+            *sum += sample;
+        }
+    }
+    let scale = 1.0 / planes.len() as f32;
+    for sample in mono.iter_mut() {
+        *sample = finite_or_zero(*sample * scale);
     }
 }
 

@@ -37,7 +37,8 @@ pub(crate) struct LocalArgs {
     /// `<store>/results/` unless `--output-uri` says otherwise.
     #[arg(long)]
     pub(crate) store: PathBuf,
-    /// Submit every file under this folder (copied to `<store>/inputs/`) before processing.
+    /// Submit every file under this folder (hard-linked into `<store>/inputs/`, or copied where
+    /// the two are on different file systems) before processing.
     #[arg(long)]
     pub(crate) input_dir: Option<PathBuf>,
     /// Submit the `--input-dir` files as diarized jobs (speaker labels and transcript.rttm);
@@ -186,7 +187,7 @@ fn snapshot(consumer: &Consumer, metrics: &Metrics) -> Snapshot {
     }
 }
 
-/// Copies every visible file under `dir` into the store and enqueues one job per file.
+/// Puts every visible file under `dir` into the store and enqueues one job per file.
 pub(crate) fn submit_dir(
     spool: &SpoolQueue,
     store: &LocalStore,

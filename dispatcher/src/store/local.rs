@@ -102,7 +102,9 @@ impl LocalStore {
         &self.root
     }
 
-    /// Writes (or replaces) an object atomically; used to submit local input files.
+    /// Writes (or replaces) an object atomically; used to submit local input files. The object
+    /// is a hard link to `from` where the file system allows (no copy, no new inode: the
+    /// store's side of a local job is then just its result files), a copy elsewhere.
     pub fn put_replace(&self, bucket: &str, key: &str, from: &Path) -> Result<()> {
         let dest = object_path(&self.root, bucket, key)?;
         if let Some(parent) = dest.parent() {
@@ -112,8 +114,17 @@ impl LocalStore {
             .root
             .join(".tmp")
             .join(uuid::Uuid::new_v4().to_string());
-        fs::copy(from, &tmp).map_err(|e| DispatchError::io(from, e))?;
-        fs::rename(&tmp, &dest).map_err(|e| DispatchError::io(&dest, e))
+        if fs::hard_link(from, &tmp).is_err() {
+            // Another file system, or one without hard links: copy.
+            fs::copy(from, &tmp).map_err(|e| DispatchError::io(from, e))?;
+        }
+        fs::rename(&tmp, &dest).map_err(|e| DispatchError::io(&dest, e))?;
+        // Renaming onto another link of the same file does nothing and leaves `tmp` (a file
+        // submitted from inside the store's own inputs folder).
+        match fs::remove_file(&tmp) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(DispatchError::io(&tmp, e)),
+            _ => Ok(()),
+        }
     }
 
     /// Path of an object, for people (and tests) who want to look at results.
@@ -395,6 +406,30 @@ mod tests {
         );
         let escape = store.put_if_absent("bkt", "../x", Bytes::new(), "x").await;
         assert_eq!(escape.expect_err("escape").reason_code(), "unsafe_key");
+    }
+
+    #[test]
+    fn submitted_inputs_are_linked_not_copied_and_leave_no_temporary_file() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = LocalStore::open(dir.path().join("store")).expect("open");
+        let src = dir.path().join("in.wav");
+        std::fs::write(&src, b"0123456789").expect("write");
+        store.put_replace("inputs", "a.wav", &src).expect("submit");
+        let path = store.path_of("inputs", "a.wav").expect("path");
+        let ino = |p: &Path| std::fs::metadata(p).expect("metadata").ino();
+        assert_eq!(
+            ino(&path),
+            ino(&src),
+            "same file system: one inode, no copy"
+        );
+        // Submitted again from inside the store itself: still one object, nothing left over.
+        store.put_replace("inputs", "a.wav", &path).expect("again");
+        assert_eq!(std::fs::read(&path).expect("read"), b"0123456789");
+        let left = std::fs::read_dir(dir.path().join("store/.tmp"))
+            .expect("tmp")
+            .count();
+        assert_eq!(left, 0, "temporary names removed");
     }
 
     #[tokio::test]

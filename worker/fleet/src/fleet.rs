@@ -333,6 +333,8 @@ impl Fleet {
         }
         let cfg = &self.shared.config;
         let deadline = Instant::now() + cfg.submit_timeout;
+        // Copied before the lock: every submit and answer waits on it.
+        let pcm = Arc::new(clip.to_vec());
         let mut state = self.shared.lock();
         if let Some(e) = state.cannot_start(cfg.max_start_failures) {
             return Err(e);
@@ -361,7 +363,7 @@ impl Fleet {
             Request {
                 task,
                 priority,
-                pcm: Arc::new(clip.to_vec()),
+                pcm,
                 on: None,
                 sent_at: None,
                 attempts: 0,

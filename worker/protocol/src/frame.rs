@@ -21,8 +21,12 @@ const _: () = assert!(MAX_REQUEST_SAMPLES >= 12 * 3600 * 16_000);
 
 /// The frame (length prefix + body) of one message.
 pub fn encode_frame<T: Serialize>(message: &T) -> Result<Vec<u8>, ProtocolError> {
-    // Body written after a placeholder prefix, so the frame is built in one buffer.
-    let mut out = postcard::to_extend(message, vec![0u8; 4]).map_err(ProtocolError::Encode)?;
+    // Body written after a placeholder prefix, so the frame is built in one buffer, sized
+    // first (a counting pass) so that a clip's megabytes are not regrown and copied.
+    let size = postcard::experimental::serialized_size(message).map_err(ProtocolError::Encode)?;
+    let mut buffer = Vec::with_capacity(4 + size);
+    buffer.extend_from_slice(&[0u8; 4]);
+    let mut out = postcard::to_extend(message, buffer).map_err(ProtocolError::Encode)?;
     let len = out.len() - 4;
     let len_u32 = u32::try_from(len)
         .ok()

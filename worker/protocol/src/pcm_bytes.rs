@@ -6,11 +6,16 @@
 //! A request pays both on the latency path of every clip.
 
 use std::fmt;
+use std::sync::Arc;
 
 use serde::de::{self, Deserializer, Visitor};
 use serde::Serializer;
 
-pub(crate) fn serialize<S: Serializer>(pcm: &[f32], serializer: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn serialize<S: Serializer>(
+    pcm: &Arc<Vec<f32>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    let pcm: &[f32] = pcm;
     if cfg!(target_endian = "little") {
         serializer.serialize_bytes(bytemuck::cast_slice(pcm))
     } else {
@@ -21,8 +26,10 @@ pub(crate) fn serialize<S: Serializer>(pcm: &[f32], serializer: S) -> Result<S::
 
 pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
     deserializer: D,
-) -> Result<Vec<f32>, D::Error> {
-    deserializer.deserialize_bytes(LittleEndianSamples)
+) -> Result<Arc<Vec<f32>>, D::Error> {
+    deserializer
+        .deserialize_bytes(LittleEndianSamples)
+        .map(Arc::new)
 }
 
 struct LittleEndianSamples;

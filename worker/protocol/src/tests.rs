@@ -10,7 +10,7 @@ use crate::*;
 fn request() -> ClientMessage {
     ClientMessage::Transcribe(TranscribeRequest {
         id: 42,
-        audio: Audio::Pcm16k(vec![0.0, -1.0, 0.5, f32::MIN_POSITIVE]),
+        audio: Audio::Pcm16k(vec![0.0, -1.0, 0.5, f32::MIN_POSITIVE].into()),
         deadline_ms: Some(250),
         priority: Priority::Interactive,
     })
@@ -44,7 +44,7 @@ fn response() -> WorkerMessage {
 fn diarize_request() -> ClientMessage {
     ClientMessage::Diarize(DiarizeRequest {
         id: 43,
-        audio: Audio::Pcm16k(vec![0.25; 5]),
+        audio: Audio::Pcm16k(vec![0.25; 5].into()),
         deadline_ms: None,
     })
 }
@@ -183,7 +183,7 @@ fn a_24_minute_segment_fits_one_request() {
     let pcm: Vec<f32> = (0..samples).map(|i| (i % 977) as f32 / 977.0).collect();
     let message = ClientMessage::Transcribe(TranscribeRequest {
         id: 7,
-        audio: Audio::Pcm16k(pcm.clone()),
+        audio: Audio::Pcm16k(pcm.clone().into()),
         deadline_ms: None,
         priority: Priority::Batch,
     });
@@ -192,7 +192,7 @@ fn a_24_minute_segment_fits_one_request() {
     let ClientMessage::Transcribe(request) = back else {
         panic!("not a transcription request");
     };
-    assert_eq!(request.audio, Audio::Pcm16k(pcm));
+    assert_eq!(request.audio, Audio::Pcm16k(pcm.into()));
 }
 
 #[test]
@@ -275,7 +275,7 @@ fn pcm_travels_as_exact_bits_and_partial_samples_are_refused() {
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     let message = ClientMessage::Transcribe(TranscribeRequest {
         id: 7,
-        audio: Audio::Pcm16k(samples.clone()),
+        audio: Audio::Pcm16k(samples.clone().into()),
         deadline_ms: None,
         priority: Priority::Batch,
     });

@@ -56,7 +56,7 @@ fn dispatch_task(shared: &Shared, state: &mut State, task: Task) {
             continue;
         }
         let slot = &mut state.slots[slot_index];
-        let audio = Audio::Pcm16k(req.pcm.to_vec());
+        let audio = Audio::Pcm16k(req.pcm.clone());
         let message = match task {
             Task::Transcribe => ClientMessage::Transcribe(TranscribeRequest {
                 id,
