@@ -644,11 +644,10 @@ impl<'l> DecodeState<'l> {
 /// The mean of the channels, frame by frame, summed in channel order (as a frame's
 /// `iter().sum()` would), with non-finite results zeroed.
 fn downmix(planes: &[&[f32]], mono: &mut Vec<f32>) {
+    mono.clear();
     let Some((first, rest)) = planes.split_first() else {
-        mono.clear();
         return;
     };
-    mono.clear();
     mono.extend_from_slice(first);
     for plane in rest {
         for (sum, sample) in mono.iter_mut().zip(plane.iter()) {
