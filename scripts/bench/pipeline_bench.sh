@@ -49,7 +49,9 @@
 #            job per recording (`dispatcher backfill`), then `dispatcher run --gpus 0
 #            --exit-when-idle` and nothing else; run moto-default, beside `local` on the same
 #            corpus (run default, or run moto-local-same when MOTO_CORPUS names a smaller folder:
-#            moto serves a few hundred requests per second)
+#            moto serves a few hundred requests per second); MOTO_LONG_COPIES=N instead makes
+#            the moto corpus N copies of each 10-minute seed recording (about 10 requests per
+#            recording whatever its length, so moto stops being the limit)
 # Every run's host CPU is the user + system time of the dispatcher and everything it waited for
 # (its workers); its wall and audio-s/s come from the dispatcher's closing table, which times
 # from the fleet being ready (its start excluded) to the last job's end.
@@ -403,6 +405,14 @@ if has moto; then
     AWS_EC2_METADATA_DISABLED=true
   # The corpus into s3://bench-in/corpus/ (16 threads), the queue, then one job per recording.
   moto_corpus=${MOTO_CORPUS:-$CORPUS}
+  if [ -n "${MOTO_LONG_COPIES:-}" ]; then
+    moto_corpus=$CORPUS-motolong
+    rm -rf "$moto_corpus"; mkdir -p "$moto_corpus/long"
+    for f in "$SEED"/seed/long*; do
+      for c in $(seq "$MOTO_LONG_COPIES"); do ln "$f" "$moto_corpus/long/m${c}_$(basename "$f")"; done
+    done
+    echo "moto corpus: $(ls "$moto_corpus/long" | wc -l) recordings of 10 minutes"
+  fi
   queue_url=$(PYTHONPATH=/tmp/moto-site python3 - "$moto_corpus" <<'PY'
 import os, sys, boto3
 from concurrent.futures import ThreadPoolExecutor
