@@ -75,7 +75,10 @@ mod x86 {
             Reg::Ebx => r.ebx,
             Reg::Ecx => r.ecx,
         };
-        value & (1 << bit) != 0
+        // AVX-encoded instructions also need the operating system to save the wide registers:
+        // OSXSAVE (leaf 1, ECX bit 27) says it manages the extended state at all.
+        let needs_os_state = matches!(feature, "avx" | "avx2" | "fma" | "f16c");
+        value & (1 << bit) != 0 && (!needs_os_state || __cpuid_count(1, 0).ecx & (1 << 27) != 0)
     }
 
     enum Reg {
