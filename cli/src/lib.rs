@@ -29,19 +29,13 @@ pub fn command<C: CommandFactory>() -> Command {
 }
 
 /// Parses the process's arguments into `C` (flags, variables, then the `--config` file); on a
-/// usage or config-file error prints it and exits with status 2, as clap does (and so on a
-/// processor without the instruction sets the build uses, [`cpu`]).
+/// usage or config-file error prints it and exits with status 2, as clap does.
 pub fn parse<C: clap::Parser>() -> C {
     parse_command(command::<C>())
 }
 
 /// [`parse`] with a command the binary adjusted after [`command`] (defaults it computes).
 pub fn parse_command<C: FromArgMatches>(cmd: Command) -> C {
-    let missing = cpu::missing_features();
-    if !missing.is_empty() {
-        eprintln!("error: {}", cpu::unsupported_message(&missing));
-        std::process::exit(2)
-    }
     let parsed = matches_from(cmd, std::env::args_os().collect())
         .and_then(|m| C::from_arg_matches(&m).map_err(CliError::Usage));
     match parsed {

@@ -63,6 +63,7 @@ fn command() -> clap::Command {
 }
 
 fn main() -> ExitCode {
+    cli::cpu::exit_if_unsupported();
     let parsed: Cli = cli::parse_command(command());
     // The audio decoders' own log lines (symphonia's "probe reached EOF", ...) repeat, in
     // their words, what the dispatcher reports once as a typed error: off unless RUST_LOG

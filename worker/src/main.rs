@@ -19,6 +19,7 @@ use worker_protocol::{Task, WorkerInfo};
 const ENGINE_RELEASE_LIMIT: Duration = Duration::from_millis(1500);
 
 fn main() -> std::process::ExitCode {
+    cli::cpu::exit_if_unsupported();
     let cli = cli::parse::<Cli>();
     telemetry::logs::init(cli.log_format, "info", &[]);
     let result = match cli.command {

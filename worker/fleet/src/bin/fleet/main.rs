@@ -44,6 +44,7 @@ struct Args {
 }
 
 fn main() -> std::process::ExitCode {
+    cli::cpu::exit_if_unsupported();
     let args = cli::parse::<Args>();
     telemetry::logs::init(args.log_format, "info", &[]);
     match run(args) {
