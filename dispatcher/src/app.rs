@@ -256,7 +256,7 @@ pub fn consumer_with(
             transcriber,
             metrics.clone(),
             pipeline_settings(settings, &sizing)?,
-        )
+        )?
         .with_diarizer(diarizer),
     );
     let mut consumer = Consumer::new(

@@ -7,6 +7,7 @@ pub mod backfill;
 pub mod checkpoint;
 pub mod config;
 pub mod decode;
+pub mod decode_pool;
 pub mod diarizer;
 pub mod error;
 pub mod fleet_engine;

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::StoreCheckpoints;
 use crate::decode::{self, AudioSettings, Decoded};
+use crate::decode_pool::DecodePool;
 use crate::diarizer::Diarizer;
 use crate::error::{DispatchError, ErrorClass, Result};
 use crate::job::{Job, OutputFormat, Prefix};
@@ -81,7 +82,7 @@ pub struct Pipeline {
     metrics: Metrics,
     settings: PipelineSettings,
     inference: Arc<Semaphore>,
-    decoding: Arc<Semaphore>,
+    decoding: DecodePool,
 }
 
 impl Pipeline {
@@ -90,10 +91,11 @@ impl Pipeline {
         transcriber: Arc<dyn Transcriber>,
         metrics: Metrics,
         settings: PipelineSettings,
-    ) -> Self {
+    ) -> Result<Self> {
         let inference = Arc::new(Semaphore::new(settings.inference_slots.max(1)));
-        let decoding = Arc::new(Semaphore::new(settings.decode_threads.max(1)));
-        Self {
+        let decoding = DecodePool::new(settings.decode_threads)
+            .map_err(|e| DispatchError::Config(format!("cannot start a decode thread: {e}")))?;
+        Ok(Self {
             store,
             transcriber,
             diarizer: None,
@@ -101,7 +103,7 @@ impl Pipeline {
             settings,
             inference,
             decoding,
-        }
+        })
     }
 
     /// Serves diarization requests with `diarizer`.
@@ -275,27 +277,26 @@ impl Pipeline {
         .await?;
         self.stage(Stage::Fetch, t);
 
-        let t = Instant::now();
-        let decode_permit = self
-            .decoding
-            .acquire()
-            .await
-            .expect("decode semaphore is never closed (bug)");
-        self.stage(Stage::DecodeWait, t);
         let ext = extension_of(&job.input.key);
         let audio = self.settings.audio.clone();
-        let (decoded, decode_s) = tokio::task::spawn_blocking(move || {
-            let t = Instant::now();
-            let decoded = decode::decode_segments(&bytes, ext.as_deref(), &audio);
-            drop(bytes);
-            (decoded, t.elapsed().as_secs_f64())
-        })
-        .await
-        .map_err(|e| DispatchError::Audio {
-            reason: "decoder_crashed",
-            message: e.to_string(),
-        })?;
-        drop(decode_permit);
+        let ran = self
+            .decoding
+            .run(move || {
+                let t = Instant::now();
+                let decoded = decode::decode_segments(&bytes, ext.as_deref(), &audio);
+                drop(bytes);
+                (decoded, t.elapsed().as_secs_f64())
+            })
+            .await
+            .map_err(|e| DispatchError::Audio {
+                reason: "decoder_crashed",
+                message: e.0,
+            })?;
+        self.metrics.emit(MetricEvent::StageSeconds {
+            stage: Stage::DecodeWait,
+            seconds: ran.waited.as_secs_f64(),
+        });
+        let (decoded, decode_s) = ran.value;
         let decoded: Decoded = decoded?;
         self.metrics.emit(MetricEvent::StageSeconds {
             stage: Stage::Decode,

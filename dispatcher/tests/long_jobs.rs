@@ -131,7 +131,8 @@ async fn a_job_past_its_lease_cap_resumes_from_its_checkpoints(backend: Backend)
         counting.clone(),
         metrics.metrics.clone(),
         app::pipeline_settings(&settings, &sizing).expect("pipeline settings"),
-    );
+    )
+    .expect("pipeline");
     let mut consumer_settings = app::consumer_settings(&settings, &sizing, true);
     // The whole job takes several times this (300 ms per segment).
     consumer_settings.visibility_cap = Duration::from_secs(3);

@@ -184,7 +184,29 @@ def descendants(pid):
 threads = {}
 # Largest resident set (VmHWM) of any one process, per process name.
 peak_rss_mib = {}
+# What the dispatcher's threads were doing at each sample, per thread name: running (R), or
+# the system call a sleeping one was blocked in (futex: a lock or a wait for work; read,
+# fsync, openat...: files; epoll_wait: the async runtime idle). Where off-CPU time goes.
+SYSCALLS = {"0": "read", "1": "write", "3": "close", "7": "poll", "9": "mmap", "11": "munmap",
+            "17": "pread64", "23": "select", "28": "madvise", "74": "fsync", "75": "fdatasync",
+            "82": "rename", "202": "futex", "230": "clock_nanosleep", "232": "epoll_wait",
+            "257": "openat", "262": "newfstatat", "281": "epoll_pwait", "332": "statx"}
+thread_states = {}
+def sample_states(pid):
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            comm, f = stat_fields(f"/proc/{pid}/task/{t}/stat")
+            state = f[0]
+            if state in "SD":
+                nr = open(f"/proc/{pid}/task/{t}/syscall").read().split()[0]
+                state += ":" + SYSCALLS.get(nr, nr)
+            key = f"{re.sub(r'[-_ ]?[0-9]+$', '', comm)} {state}"
+            thread_states[key] = thread_states.get(key, 0) + 1
+        except (OSError, ValueError, IndexError):
+            pass
+
 def sample_threads(root):
+    sample_states(root)
     for p in descendants(root):
         try:
             pcomm, _ = stat_fields(f"/proc/{p}/stat")
@@ -199,6 +221,7 @@ def sample_threads(root):
             pass
 
 machine_before = machine_busy_s()
+samples = 0
 with open(f"{out}/{name}.log", "w") as log:
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     while proc.poll() is None:
@@ -209,6 +232,7 @@ with open(f"{out}/{name}.log", "w") as log:
             own_cpu_s = (int(fields[11]) + int(fields[12])) / tick
             own_sys_s = int(fields[12]) / tick
             sample_threads(proc.pid)
+            samples += 1
         except (OSError, IndexError, ValueError):
             pass
         time.sleep(0.2)
@@ -264,6 +288,9 @@ row = {
     "limits": limits.groups() if limits else None,
     "stages_s": stages,
     "after_all_ready": after_ready,
+    # Mean threads per (name, state) over the samples (one each 200 ms).
+    "thread_states": {k: round(v / max(1, samples), 2) for k, v in
+                      sorted(thread_states.items(), key=lambda kv: -kv[1]) if v / max(1, samples) >= 0.1},
 }
 print(json.dumps(row))
 with open(f"{out}/results.jsonl", "a") as f:
