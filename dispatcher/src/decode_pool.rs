@@ -5,7 +5,6 @@
 //! recordings wait, however busy the runtime's own threads are.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
@@ -13,9 +12,12 @@ use tokio::sync::oneshot;
 
 type Task = Box<dyn FnOnce() + Send>;
 
+/// Dropping the pool closes its queue: each thread ends after the work already queued (whose
+/// callers are gone by then, so it is skipped). The threads are not joined, so dropping the
+/// pool never blocks the async runtime.
 pub struct DecodePool {
-    sender: Option<Sender<Task>>,
-    threads: Vec<JoinHandle<()>>,
+    sender: Sender<Task>,
+    threads: usize,
 }
 
 /// What one call of [`DecodePool::run`] gives back.
@@ -32,27 +34,23 @@ pub struct Crashed(pub String);
 impl DecodePool {
     pub fn new(threads: usize) -> std::io::Result<Self> {
         let (sender, receiver) = crossbeam_channel::unbounded::<Task>();
-        let threads = (0..threads.max(1))
-            .map(|i| {
-                let receiver: Receiver<Task> = receiver.clone();
-                std::thread::Builder::new()
-                    .name(format!("decode-{i}"))
-                    .spawn(move || {
-                        // Ends when the pool is dropped and the queue is empty.
-                        for task in receiver {
-                            task();
-                        }
-                    })
-            })
-            .collect::<std::io::Result<Vec<_>>>()?;
-        Ok(Self {
-            sender: Some(sender),
-            threads,
-        })
+        let threads = threads.max(1);
+        for i in 0..threads {
+            let receiver: Receiver<Task> = receiver.clone();
+            std::thread::Builder::new()
+                .name(format!("decode-{i}"))
+                .spawn(move || {
+                    // Ends when the pool is dropped and the queue is empty.
+                    for task in receiver {
+                        task();
+                    }
+                })?;
+        }
+        Ok(Self { sender, threads })
     }
 
     pub fn threads(&self) -> usize {
-        self.threads.len()
+        self.threads
     }
 
     /// Runs `work` on the pool and waits for it. Work whose caller stopped waiting before a
@@ -74,25 +72,12 @@ impl DecodePool {
             // The caller may have stopped waiting meanwhile; nothing to do then.
             let _ = reply.send(outcome);
         });
-        let sender = self
-            .sender
-            .as_ref()
-            .expect("the sender lives as long as the pool");
-        if sender.send(task).is_err() {
+        if self.sender.send(task).is_err() {
             return Err(Crashed("the decode pool has stopped".into()));
         }
         answer
             .await
             .unwrap_or_else(|_| Err(Crashed("the decode pool dropped the work".into())))
-    }
-}
-
-impl Drop for DecodePool {
-    fn drop(&mut self) {
-        // Closing the queue ends each thread after the work already queued (whose callers are
-        // gone by now, so it is skipped); the threads are not joined, so dropping the pool
-        // never blocks the async runtime.
-        self.sender.take();
     }
 }
 
