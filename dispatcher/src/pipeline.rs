@@ -133,6 +133,11 @@ impl Pipeline {
         &self.store
     }
 
+    /// Threads of the decode pool.
+    pub fn decode_threads(&self) -> usize {
+        self.settings.decode_threads
+    }
+
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }

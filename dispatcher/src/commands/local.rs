@@ -129,7 +129,10 @@ pub(crate) async fn run(args: LocalArgs) -> anyhow::Result<ExitCode> {
         snapshot(&consumer, &totals),
         Duration::from_secs_f64(wall_s),
     );
-    eprint!("{}", super::summary::stage_table(&totals, wall_s));
+    eprint!(
+        "{}",
+        super::summary::stage_table(&totals, wall_s, consumer.decode_threads())
+    );
     let counts = spool.counts()?;
     eprintln!(
         "done {} · already done {} · failed {} · ignored {} · unreadable {} · released {} · \

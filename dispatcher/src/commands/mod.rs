@@ -4,6 +4,7 @@ pub(crate) mod transcribe;
 
 pub(crate) mod backfill;
 pub(crate) mod enqueue;
+pub(crate) mod limit;
 pub(crate) mod local;
 pub(crate) mod progress;
 pub(crate) mod reconcile;

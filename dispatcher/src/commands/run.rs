@@ -97,7 +97,10 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if !args.exit_when_idle {
         return Ok(ExitCode::SUCCESS);
     }
-    eprint!("{}", super::summary::stage_table(&totals, wall_s));
+    eprint!(
+        "{}",
+        super::summary::stage_table(&totals, wall_s, consumer.decode_threads())
+    );
     eprintln!(
         "done {} · already done {} · failed {} · ignored {} · unreadable {} · released {}",
         summary.done,

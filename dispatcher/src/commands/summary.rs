@@ -6,6 +6,8 @@ use std::time::Instant;
 use dispatcher::lifecycle::Consumer;
 use dispatcher::metrics::Metrics;
 
+use super::limit::{limit, RunTimes};
+
 /// Seconds from `started` to the last job's end (the empty receive that ends an idle run is not
 /// work), or to now when no job finished.
 pub(crate) fn wall_s(consumer: &Consumer, started: Instant) -> f64 {
@@ -19,9 +21,10 @@ pub(crate) fn wall_s(consumer: &Consumer, started: Instant) -> f64 {
 }
 
 /// Where the time went, per pipeline stage: jobs, total seconds (summed over jobs running at
-/// the same time, so stages can exceed the wall time) and the mean per job. The wall runs from
-/// the consumer's start (the engine is ready by then) to the last job's end.
-pub(crate) fn stage_table(metrics: &Metrics, wall_s: f64) -> String {
+/// the same time, so stages can exceed the wall time) and the mean per job, then what set the
+/// pace ([`super::limit`]). The wall runs from the consumer's start (the engine is ready by
+/// then) to the last job's end.
+pub(crate) fn stage_table(metrics: &Metrics, wall_s: f64, decode_threads: usize) -> String {
     let registry = metrics.registry();
     let registry = registry.lock().unwrap_or_else(|p| p.into_inner());
     let audio_s = registry.audio_seconds_total();
@@ -29,7 +32,8 @@ pub(crate) fn stage_table(metrics: &Metrics, wall_s: f64) -> String {
         "wall {wall_s:.2} s · audio {audio_s:.1} s · {:.0} audio-s/s\n",
         if wall_s > 0.0 { audio_s / wall_s } else { 0.0 }
     );
-    for (stage, count, sum) in registry.stage_totals() {
+    let stages = registry.stage_totals();
+    for &(stage, count, sum) in &stages {
         if count == 0 {
             continue;
         }
@@ -38,6 +42,14 @@ pub(crate) fn stage_table(metrics: &Metrics, wall_s: f64) -> String {
             stage.label(),
             1000.0 * sum / count as f64
         ));
+    }
+    let times = RunTimes {
+        stages: &stages,
+        wall_s,
+        decode_threads,
+    };
+    if let Some(limit) = limit(&times) {
+        out.push_str(&format!("{limit}\n"));
     }
     out
 }

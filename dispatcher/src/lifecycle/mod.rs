@@ -384,6 +384,11 @@ impl Consumer {
         self.jobs_in_flight.fetch_sub(1, Ordering::SeqCst);
     }
 
+    /// Threads decoding recordings (the pipeline's pool).
+    pub fn decode_threads(&self) -> usize {
+        self.pipeline.decode_threads()
+    }
+
     /// When the latest message was finished with, if any was.
     pub fn last_finished(&self) -> Option<std::time::Instant> {
         *self.last_finished.lock().unwrap_or_else(|p| p.into_inner())
