@@ -287,6 +287,8 @@ row = {
     "layout": layout.group(1).strip() if layout else None,
     "limits": limits.groups() if limits else None,
     "stages_s": stages,
+    # The closing report's verdict on what set the pace (decoding, the engine, the store).
+    "limit": (re.search(r"^limit: .*$", text, re.M) or [None])[0],
     "after_all_ready": after_ready,
     # Mean threads per (name, state) over the samples (one each 200 ms).
     "thread_states": {k: round(v / max(1, samples), 2) for k, v in
@@ -305,7 +307,7 @@ busy = [u for u in util if u > 0]
 print(f"  gpu utilisation: mean {sum(util)/max(1,len(util)):.0f} % over {len(util)} samples, "
       f"mean {sum(busy)/max(1,len(busy)):.0f} % while busy; memory max {max((float(r[1]) for r in rows), default=0):.0f} MiB")
 PY
-  grep -E "^progress:|workers per GPU chosen|pipeline limits" "$OUT/$name.log" | tail -4 | sed 's/\x1b\[[0-9;]*m//g'
+  grep -E "^progress:|workers per GPU chosen|pipeline limits|^limit:" "$OUT/$name.log" | tail -5 | sed 's/\x1b\[[0-9;]*m//g'
 }
 
 has default && run default "$CORPUS"
