@@ -1,6 +1,7 @@
 //! What set a finished run's pace, told from where its jobs' time went: the line under the
 //! closing stage table. A host whose cores cannot decode as fast as its GPUs transcribe (MP3,
-//! AAC and Opus cost 4-6 times what 16 kHz WAV does per audio second) says so, and what helps.
+//! AAC and Opus cost the host about four times what 16 kHz WAV does per audio second) says so,
+//! and what helps.
 
 use std::fmt;
 
