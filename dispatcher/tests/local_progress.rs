@@ -149,3 +149,32 @@ fn on_a_terminal_progress_is_a_bar() {
         "{screen}"
     );
 }
+
+/// A run long enough to judge ends with what set its pace: on the CPU engine with 16 kHz WAV
+/// input (next to nothing to decode), the engine.
+#[test]
+fn a_long_enough_run_names_its_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inputs = dir.path().join("inputs");
+    std::fs::create_dir(&inputs).expect("mkdir");
+    let long = std::fs::read(fixtures().join("clips/long.wav")).expect("long.wav");
+    // About 2 000 s of audio: several seconds on the CPU engine, well past the one a verdict needs.
+    for i in 0..80 {
+        std::fs::write(inputs.join(format!("long{i}.wav")), &long).expect("write");
+    }
+    let output = Command::new(env!("CARGO_BIN_EXE_dispatcher"))
+        .args(local_args(dir.path(), &inputs))
+        .output()
+        .expect("spawn dispatcher");
+    let log = stderr(&output);
+    assert!(output.status.success(), "{log}");
+    let limit = log
+        .lines()
+        .find(|line| line.starts_with("limit: "))
+        .unwrap_or_else(|| panic!("no limit line: {log}"));
+    assert!(
+        limit.starts_with("limit: the engine (inference and waiting for it): "),
+        "{limit}"
+    );
+    assert!(limit.contains("decode threads busy"), "{limit}");
+}
