@@ -47,17 +47,24 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
+/// `dispatcher local` on `inputs` with its spool and store under `work`, plus `extra` flags,
+/// off a terminal: its exit and what it printed on stderr.
+fn run_local(work: &Path, inputs: &Path, extra: &[&str]) -> (Output, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_dispatcher"))
+        .args(local_args(work, inputs))
+        .args(extra)
+        .output()
+        .expect("spawn dispatcher");
+    let log = stderr(&output);
+    (output, log)
+}
+
 #[test]
 fn off_a_terminal_progress_is_plain_lines_and_failed_jobs_exit_3() {
     let dir = tempfile::tempdir().expect("tempdir");
     let text = b"This is a text file, not audio.\n".repeat(40);
     let (inputs, n) = inputs(dir.path(), &[("notes.mp3", &text)]);
-    let output = Command::new(env!("CARGO_BIN_EXE_dispatcher"))
-        .args(local_args(dir.path(), &inputs))
-        .args(["--progress-interval-s", "0.05"])
-        .output()
-        .expect("spawn dispatcher");
-    let log = stderr(&output);
+    let (output, log) = run_local(dir.path(), &inputs, &["--progress-interval-s", "0.05"]);
     assert_eq!(output.status.code(), Some(3), "{log}");
     // The closing line counts every file, the failed one included, and the audio.
     let closing = format!("progress: {n}/{n} files · done {} · failed 1 · ", n - 1);
@@ -93,11 +100,7 @@ fn off_a_terminal_progress_is_plain_lines_and_failed_jobs_exit_3() {
 fn a_clean_run_exits_0_and_rejects_a_nonsense_interval_before_any_work() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (inputs, n) = inputs(dir.path(), &[]);
-    let output = Command::new(env!("CARGO_BIN_EXE_dispatcher"))
-        .args(local_args(dir.path(), &inputs))
-        .output()
-        .expect("spawn dispatcher");
-    let log = stderr(&output);
+    let (output, log) = run_local(dir.path(), &inputs, &[]);
     assert!(output.status.success(), "{log}");
     assert!(
         log.contains(&format!("progress: {n}/{n} files · done {n} · failed 0")),
@@ -105,12 +108,7 @@ fn a_clean_run_exits_0_and_rejects_a_nonsense_interval_before_any_work() {
     );
 
     let other = tempfile::tempdir().expect("tempdir");
-    let output = Command::new(env!("CARGO_BIN_EXE_dispatcher"))
-        .args(local_args(other.path(), &inputs))
-        .args(["--progress-interval-s", "0"])
-        .output()
-        .expect("spawn dispatcher");
-    let log = stderr(&output);
+    let (output, log) = run_local(other.path(), &inputs, &["--progress-interval-s", "0"]);
     assert_eq!(output.status.code(), Some(1), "{log}");
     assert!(log.contains("--progress-interval-s"), "{log}");
     assert!(
@@ -162,11 +160,7 @@ fn a_long_enough_run_names_its_limit() {
     for i in 0..80 {
         std::fs::write(inputs.join(format!("long{i}.wav")), &long).expect("write");
     }
-    let output = Command::new(env!("CARGO_BIN_EXE_dispatcher"))
-        .args(local_args(dir.path(), &inputs))
-        .output()
-        .expect("spawn dispatcher");
-    let log = stderr(&output);
+    let (output, log) = run_local(dir.path(), &inputs, &[]);
     assert!(output.status.success(), "{log}");
     let limit = log
         .lines()

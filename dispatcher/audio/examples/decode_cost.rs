@@ -13,7 +13,7 @@ use clap::Parser;
 
 #[derive(Parser)]
 struct Args {
-    /// Decodes of each file; the result is their total CPU over their total audio.
+    /// Decodes of each file; the result is their total time over their total audio.
     #[arg(long, default_value_t = 5)]
     rounds: usize,
     /// Recordings to decode (any format the pipeline takes; the extension orders the probe).
