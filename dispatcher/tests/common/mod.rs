@@ -175,12 +175,7 @@ pub fn repeat_wav(wav: &[u8], times: usize) -> Vec<u8> {
     let len =
         u32::from_le_bytes([wav[data + 4], wav[data + 5], wav[data + 6], wav[data + 7]]) as usize;
     let samples = &wav[data + 8..(data + 8 + len).min(wav.len())];
-    let body: Vec<u8> = samples
-        .iter()
-        .copied()
-        .cycle()
-        .take(samples.len() * times)
-        .collect();
+    let body = samples.repeat(times);
     let mut out = Vec::with_capacity(44 + body.len());
     out.extend_from_slice(b"RIFF");
     out.extend_from_slice(&(36 + body.len() as u32).to_le_bytes());
