@@ -52,6 +52,12 @@
 #            moto serves a few hundred requests per second); MOTO_LONG_COPIES=N instead makes
 #            the moto corpus N copies of each 10-minute seed recording (about 10 requests per
 #            recording whatever its length, so moto stops being the limit)
+#   doubles  the same on the whole corpus through faster local doubles (moto also slows with
+#            its queue's length: 1 000 jobs take 30 s to enqueue, 11 158 would take hours):
+#            SQS from fakecloud (in memory), S3 from s3s-fs (objects are files: the corpus is
+#            linked into its folder), both Rust servers from crates.io on 127.0.0.1, packed in
+#            .device-moto/ by scripts/bench/doubles_bins.sh; `dispatcher backfill`, then
+#            `dispatcher run --gpus 0 --exit-when-idle` as run run-doubles
 # Every run's host CPU is the user + system time of the dispatcher and everything it waited for
 # (its workers); its wall and audio-s/s come from the dispatcher's closing table, which times
 # from the fleet being ready (its start excluded) to the last job's end.
@@ -467,6 +473,41 @@ PY
   echo "moto server CPU (upload, backfill and run): $(ps -o cputime= -p "$moto_pid")"
   kill "$moto_pid"; wait "$moto_pid" 2>/dev/null
   [ "$moto_corpus" != "$CORPUS" ] && run moto-local-same "$moto_corpus"
+fi
+
+if has doubles; then
+  for d in fakecloud s3s-fs; do
+    xz -dc ".device-moto/$d.xz" > "/tmp/$d" && chmod +x "/tmp/$d" || exit 1
+  done
+  s3_root=$RUNS/s3s-fs
+  mkdir -p "$s3_root/bench-in" "$s3_root/bench-out"
+  cp -al "$CORPUS" "$s3_root/bench-in/corpus"
+  /tmp/s3s-fs --host 127.0.0.1 --port 8014 --access-key bench --secret-key bench "$s3_root" \
+    > "$OUT/s3s-fs.log" 2>&1 &
+  s3_pid=$!
+  /tmp/fakecloud --addr 127.0.0.1:4566 --log-level warn > "$OUT/fakecloud.log" 2>&1 &
+  sqs_pid=$!
+  for port in 8014 4566; do
+    for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
+  done
+  # fakecloud for everything but S3 (the run's CloudWatch metrics too); s3s-fs checks signatures
+  # against these keys.
+  export AWS_ENDPOINT_URL=http://127.0.0.1:4566 AWS_ENDPOINT_URL_S3=http://127.0.0.1:8014 \
+    AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench AWS_REGION=us-east-1 \
+    AWS_EC2_METADATA_DISABLED=true
+  queue_url=$(curl -sf -X POST http://127.0.0.1:4566/ -H 'X-Amz-Target: AmazonSQS.CreateQueue' \
+    -H 'Content-Type: application/x-amz-json-1.0' -d '{"QueueName":"bench-jobs"}' |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["QueueUrl"])') || exit 1
+  echo "doubles: queue $queue_url"
+  "$BIN/dispatcher" backfill s3://bench-in/corpus/ --queue-url "$queue_url" \
+    --output-uri s3://bench-out/results/ --model "$MODEL" --s3-force-path-style 2>&1 | tail -2
+  RUN_COMMAND="run --queue-url $queue_url --output-uri s3://bench-out/results/ \
+    --s3-force-path-style --exit-when-idle" run run-doubles "$CORPUS"
+  echo "server CPU (backfill and run): s3s-fs $(ps -o cputime= -p $s3_pid)," \
+    "fakecloud $(ps -o cputime= -p $sqs_pid)"
+  echo "results: $(find "$s3_root/bench-out" -name manifest.json | wc -l) manifests"
+  kill "$s3_pid" "$sqs_pid"; wait "$s3_pid" "$sqs_pid" 2>/dev/null
+  unset AWS_ENDPOINT_URL AWS_ENDPOINT_URL_S3
 fi
 
 if [ -n "${TARBALL:-}" ]; then
