@@ -22,8 +22,15 @@ use crate::queue::Queue;
 use crate::store::ObjectStore;
 use crate::transcriber::{Capacity, Transcriber};
 
+/// Connections or files one job in flight may hold at once: its input's (a connection to the
+/// store, or the file) and a result being written.
+pub const OPEN_FILES_PER_JOB: u64 = 2;
+/// Open files kept for the rest of the process: the fleet's sockets and pipes, the queue's
+/// receivers, the runtime, logs, the metrics and API listeners.
+pub const OPEN_FILES_RESERVED: u64 = 256;
+
 /// The pipeline's concurrency limits: each setting given wins, the rest are sized from what
-/// the engine takes at once and the host's cores.
+/// the engine takes at once, the host's cores and its open-file limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sizing {
     pub receivers: usize,
@@ -45,8 +52,11 @@ impl Sizing {
     ///    no more ahead than twice the inference slots (a slow engine does not hold messages
     ///    that another host could take);
     /// 5. receivers: one per 32 messages in flight, at least 2 and at most 8 (each receive
-    ///    brings at most 10 messages).
-    pub fn resolve(settings: &Settings, capacity: Capacity, cores: usize) -> Self {
+    ///    brings at most 10 messages);
+    /// 6. jobs in flight, unless given, within the open-file limit: each may hold
+    ///    [`OPEN_FILES_PER_JOB`] connections or files, beside [`OPEN_FILES_RESERVED`] for the
+    ///    rest of the process (at least one job). Rule 5 counts the jobs after this one.
+    pub fn resolve(settings: &Settings, capacity: Capacity, cores: usize, open_files: u64) -> Self {
         let decode_threads = settings.decode_threads.unwrap_or(cores.max(1));
         let inference_slots = settings
             .inference_slots
@@ -54,9 +64,10 @@ impl Sizing {
         let segments_per_call = settings
             .segments_per_call
             .unwrap_or(capacity.segments_per_call.max(1));
-        let max_in_flight = settings
-            .max_in_flight
-            .unwrap_or(inference_slots + (2 * decode_threads).min(2 * inference_slots));
+        let max_in_flight = settings.max_in_flight.unwrap_or_else(|| {
+            (inference_slots + (2 * decode_threads).min(2 * inference_slots))
+                .min(Self::jobs_within(open_files))
+        });
         let receivers = settings
             .receivers
             .unwrap_or(max_in_flight.div_ceil(32).clamp(2, 8));
@@ -69,10 +80,17 @@ impl Sizing {
         }
     }
 
-    /// Sized for this host: [`Self::resolve`] with its available parallelism.
+    /// The most jobs in flight whose connections and files fit `open_files` (rule 6).
+    pub fn jobs_within(open_files: u64) -> usize {
+        let jobs = open_files.saturating_sub(OPEN_FILES_RESERVED) / OPEN_FILES_PER_JOB;
+        usize::try_from(jobs).unwrap_or(usize::MAX).max(1)
+    }
+
+    /// Sized for this host: [`Self::resolve`] with its available parallelism and open-file
+    /// limit (raised at start: [`crate::open_files`]).
     pub fn for_host(settings: &Settings, capacity: Capacity) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Self::resolve(settings, capacity, cores)
+        Self::resolve(settings, capacity, cores, crate::open_files::limit())
     }
 }
 
@@ -242,14 +260,29 @@ pub fn consumer_with(
         diarizer,
     } = parts;
     let sizing = Sizing::for_host(settings, transcriber.capacity());
+    let open_files = crate::open_files::limit();
     tracing::info!(
         receivers = sizing.receivers,
         max_in_flight = sizing.max_in_flight,
         inference_slots = sizing.inference_slots,
         segments_per_call = sizing.segments_per_call,
         decode_threads = sizing.decode_threads,
-        "pipeline limits (unset ones sized from the engine's capacity and the host's cores)"
+        open_files,
+        "pipeline limits (unset ones sized from the engine's capacity, the host's cores and \
+         its open-file limit)"
     );
+    if sizing.max_in_flight > Sizing::jobs_within(open_files) {
+        tracing::warn!(
+            max_in_flight = sizing.max_in_flight,
+            open_files,
+            "--max-in-flight {} may need {} open files, over this process's limit of \
+             {open_files}: connections and files will fail with \"Too many open files\"; raise \
+             the hard limit (`ulimit -Hn`, systemd LimitNOFILE=, docker --ulimit nofile=) or \
+             lower --max-in-flight",
+            sizing.max_in_flight,
+            sizing.max_in_flight as u64 * OPEN_FILES_PER_JOB + OPEN_FILES_RESERVED,
+        );
+    }
     let pipeline = Arc::new(
         Pipeline::new(
             store,
@@ -283,7 +316,7 @@ mod tests {
     #[test]
     fn limits_follow_the_engine_and_the_cores() {
         let defaults = SettingsArgs::default().resolve().expect("defaults");
-        let fleet = Sizing::resolve(&defaults, fleet_of(4), 16);
+        let fleet = Sizing::resolve(&defaults, fleet_of(4), 16, 65_536);
         assert_eq!(
             fleet,
             Sizing {
@@ -294,12 +327,32 @@ mod tests {
                 decode_threads: 16,
             }
         );
-        let in_process = Sizing::resolve(&defaults, Capacity::ONE_CALL_AT_A_TIME, 2);
+        let in_process = Sizing::resolve(&defaults, Capacity::ONE_CALL_AT_A_TIME, 2, 1_024);
         assert_eq!(
             (in_process.inference_slots, in_process.max_in_flight),
             (1, 3)
         );
         assert_eq!((in_process.segments_per_call, in_process.receivers), (8, 2));
+    }
+
+    #[test]
+    fn jobs_in_flight_fit_the_open_file_limit() {
+        let defaults = SettingsArgs::default().resolve().expect("defaults");
+        // Eight CUDA workers' worth of slots on 64 cores: 1 024 + 128 jobs would want 2 560
+        // open files; under a limit of 1 024, (1 024 - 256) / 2 = 384 jobs, and 8 receivers
+        // become ceil(384 / 32) = 12, clamped to 8.
+        let capped = Sizing::resolve(&defaults, fleet_of(32), 64, 1_024);
+        assert_eq!((capped.max_in_flight, capped.receivers), (384, 8));
+        assert_eq!(
+            capped.inference_slots, 1_024,
+            "only jobs in flight are capped"
+        );
+        let roomy = Sizing::resolve(&defaults, fleet_of(32), 64, 65_536);
+        assert_eq!(roomy.max_in_flight, 1_024 + 128);
+        // A given max_in_flight wins (a_given_setting_always_wins); a limit below the
+        // reserve still lets one job through.
+        assert_eq!(Sizing::jobs_within(100), 1);
+        assert_eq!(Sizing::jobs_within(65_536), 32_640);
     }
 
     #[test]
@@ -315,7 +368,7 @@ mod tests {
         .resolve()
         .expect("settings");
         assert_eq!(
-            Sizing::resolve(&given, fleet_of(8), 64),
+            Sizing::resolve(&given, fleet_of(8), 64, 100),
             Sizing {
                 receivers: 1,
                 max_in_flight: 3,

@@ -95,7 +95,8 @@ settings! {
         /// Concurrent long-polling receivers (default: one per 32 messages in flight, 2 to 8).
         receivers: usize;
         /// Messages held at once, being fetched, decoded, transcribed or written (default:
-        /// the inference slots plus two per decode thread, at most three times the slots).
+        /// the inference slots plus two per decode thread, at most three times the slots, and
+        /// no more than fit the open-file limit at two files per job beside 256).
         max_in_flight: usize;
         /// Jobs running inference at once (default: what the engine takes at once: 1 for the
         /// in-process engine, every fleet worker's outstanding requests for a fleet).

@@ -16,6 +16,7 @@ pub mod job;
 pub mod lifecycle;
 pub mod metrics;
 pub mod model_id;
+pub mod open_files;
 pub mod outputs;
 pub mod pipeline;
 pub mod queue;

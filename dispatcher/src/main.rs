@@ -69,6 +69,11 @@ fn main() -> ExitCode {
     // their words, what the dispatcher reports once as a typed error: off unless RUST_LOG
     // asks for them.
     telemetry::logs::init(parsed.log_format, "info", &["symphonia"]);
+    // Jobs in flight hold connections and files; the limit in force is logged with the
+    // pipeline's limits and sizes them (dispatcher::open_files).
+    if let Err(e) = dispatcher::open_files::raise() {
+        tracing::warn!(error = %e, "could not raise the open-file limit");
+    }
     let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
     let result = match parsed.command {
         Command::Transcribe(args) => done(commands::transcribe::run(args)),
