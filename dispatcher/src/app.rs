@@ -55,7 +55,7 @@ impl Sizing {
     ///    brings at most 10 messages);
     /// 6. jobs in flight, unless given, within the open-file limit: each may hold
     ///    [`OPEN_FILES_PER_JOB`] connections or files, beside [`OPEN_FILES_RESERVED`] for the
-    ///    rest of the process (at least one job). Rule 5 counts the jobs after this one.
+    ///    rest of the process (at least one job); rule 5 counts the jobs left after this cap.
     pub fn resolve(settings: &Settings, capacity: Capacity, cores: usize, open_files: u64) -> Self {
         let decode_threads = settings.decode_threads.unwrap_or(cores.max(1));
         let inference_slots = settings
@@ -339,8 +339,8 @@ mod tests {
     fn jobs_in_flight_fit_the_open_file_limit() {
         let defaults = SettingsArgs::default().resolve().expect("defaults");
         // Eight CUDA workers' worth of slots on 64 cores: 1 024 + 128 jobs would want 2 560
-        // open files; under a limit of 1 024, (1 024 - 256) / 2 = 384 jobs, and 8 receivers
-        // become ceil(384 / 32) = 12, clamped to 8.
+        // open files; under a limit of 1 024, (1 024 - 256) / 2 = 384 jobs, and receivers
+        // ceil(384 / 32) = 12, clamped to 8.
         let capped = Sizing::resolve(&defaults, fleet_of(32), 64, 1_024);
         assert_eq!((capped.max_in_flight, capped.receivers), (384, 8));
         assert_eq!(

@@ -1,6 +1,6 @@
 //! The process's open-file limit. Every job in flight may hold a connection or a file at once,
-//! and many hosts start processes with a soft limit of 1 024 (systemd's and containerd's
-//! default) while a GPU host's pipeline keeps hundreds to thousands of jobs in flight (544 on
+//! and many hosts start processes with a soft limit of 1 024 (login shells, systemd's
+//! default `1024:524288`) while a GPU host's pipeline keeps hundreds to thousands of jobs in flight (544 on
 //! one H100/H200 with 16 cores, over 4 000 on eight GPUs). Past the limit every connect fails
 //! with "Too many open files": measured with `dispatcher run --max-in-flight 544` under a soft
 //! limit of 200, message deletes failed and 535 messages came back to be found already done.
