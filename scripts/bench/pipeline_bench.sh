@@ -57,7 +57,9 @@
 #            SQS from fakecloud (in memory), S3 from s3s-fs (objects are files: the corpus is
 #            linked into its folder), both Rust servers from crates.io on 127.0.0.1, packed in
 #            .device-moto/ by scripts/bench/doubles_bins.sh; `dispatcher backfill`, then
-#            `dispatcher run --gpus 0 --exit-when-idle` as run run-doubles
+#            `dispatcher run --gpus 0 --exit-when-idle` as run run-doubles; DOUBLES_TUNE=
+#            "name:args;..." adds runs with other flags (run-doubles-NAME, each on its own
+#            queue and output prefix), e.g. "mif1088:--max-in-flight 1088"
 # Every run's host CPU is the user + system time of the dispatcher and everything it waited for
 # (its workers); its wall and audio-s/s come from the dispatcher's closing table, which times
 # from the fleet being ready (its start excluded) to the last job's end.
@@ -495,17 +497,29 @@ if has doubles; then
   export AWS_ENDPOINT_URL=http://127.0.0.1:4566 AWS_ENDPOINT_URL_S3=http://127.0.0.1:8014 \
     AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench AWS_REGION=us-east-1 \
     AWS_EC2_METADATA_DISABLED=true
-  queue_url=$(curl -sf -X POST http://127.0.0.1:4566/ -H 'X-Amz-Target: AmazonSQS.CreateQueue' \
-    -H 'Content-Type: application/x-amz-json-1.0' -d '{"QueueName":"bench-jobs"}' |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["QueueUrl"])') || exit 1
-  echo "doubles: queue $queue_url"
-  "$BIN/dispatcher" backfill s3://bench-in/corpus/ --queue-url "$queue_url" \
-    --output-uri s3://bench-out/results/ --model "$MODEL" --s3-force-path-style 2>&1 | tail -2
-  RUN_COMMAND="run --queue-url $queue_url --output-uri s3://bench-out/results/ \
-    --s3-force-path-style --exit-when-idle" run run-doubles "$CORPUS"
-  echo "server CPU (backfill and run): s3s-fs $(ps -o cputime= -p $s3_pid)," \
+  # doubles_run NAME [dispatcher flags...]: a queue and an output prefix of its own, one job per
+  # recording, then `dispatcher run` until the queue is empty.
+  doubles_run() {
+    local name=$1 queue_url; shift
+    queue_url=$(curl -sf -X POST http://127.0.0.1:4566/ -H 'X-Amz-Target: AmazonSQS.CreateQueue' \
+      -H 'Content-Type: application/x-amz-json-1.0' -d "{\"QueueName\":\"$name\"}" |
+      python3 -c 'import json, sys; print(json.load(sys.stdin)["QueueUrl"])') || return 1
+    echo "doubles: queue $queue_url"
+    "$BIN/dispatcher" backfill s3://bench-in/corpus/ --queue-url "$queue_url" \
+      --output-uri "s3://bench-out/$name/" --model "$MODEL" --s3-force-path-style 2>&1 | tail -2
+    RUN_COMMAND="run --queue-url $queue_url --output-uri s3://bench-out/$name/ \
+      --s3-force-path-style --exit-when-idle" run "$name" "$CORPUS" "$@"
+    echo "$name: $(find "$s3_root/bench-out/$name" -name manifest.json 2>/dev/null | wc -l) manifests"
+  }
+  doubles_run run-doubles
+  # Other settings on the same servers (DOUBLES_TUNE="name:args;...", as TUNE): run-doubles-NAME.
+  IFS=';' read -ra tunes <<< "${DOUBLES_TUNE:-}"
+  for t in "${tunes[@]}"; do
+    # shellcheck disable=SC2086 # the run's arguments are words
+    doubles_run "run-doubles-${t%%:*}" ${t#*:}
+  done
+  echo "server CPU (every backfill and run): s3s-fs $(ps -o cputime= -p $s3_pid)," \
     "fakecloud $(ps -o cputime= -p $sqs_pid)"
-  echo "results: $(find "$s3_root/bench-out" -name manifest.json | wc -l) manifests"
   kill "$s3_pid" "$sqs_pid"; wait "$s3_pid" "$sqs_pid" 2>/dev/null
   unset AWS_ENDPOINT_URL AWS_ENDPOINT_URL_S3
 fi
