@@ -331,9 +331,13 @@ fn interactive_segments_overtake_waiting_batch_segments() {
             "the queue must still hold batch segments when the interactive one is answered \
              (done before it was sent {before}, meanwhile {meanwhile}, after {after})"
         );
+        // The segment in progress finishes first; so may one more where that happened between
+        // `submitted` and the interactive request reaching the fleet's queue (a thread
+        // preempted on a loaded machine: CI saw 2 once). In arrival order all 12 would.
         assert!(
-            meanwhile <= 1,
-            "at most the segment in progress finishes first (meanwhile {meanwhile})"
+            meanwhile <= 2,
+            "at most the segment in progress (and one racing the submission) finishes first \
+             (meanwhile {meanwhile})"
         );
         done
     });
