@@ -54,12 +54,15 @@
 #            recording whatever its length, so moto stops being the limit)
 #   doubles  the same on the whole corpus through faster local doubles (moto also slows with
 #            its queue's length: 1 000 jobs take 30 s to enqueue, 11 158 would take hours):
-#            SQS from fakecloud (in memory), S3 from s3s-fs (objects are files: the corpus is
-#            linked into its folder), both Rust servers from crates.io on 127.0.0.1, packed in
-#            .device-moto/ by scripts/bench/doubles_bins.sh; `dispatcher backfill`, then
-#            `dispatcher run --gpus 0 --exit-when-idle` as run run-doubles; DOUBLES_TUNE=
-#            "name:args;..." adds runs with other flags (run-doubles-NAME, each on its own
-#            queue and output prefix), e.g. "mif1088:--max-in-flight 1088"
+#            SQS from fakecloud (in memory, from crates.io) and S3 from each of DOUBLES_S3
+#            (default "s3-memory s3s-fs"): s3-memory (scripts/bench/s3-memory: the corpus read
+#            into memory, the protocol from the s3s crate) and s3s-fs (from crates.io; objects
+#            are files, the corpus linked into its folder), all on 127.0.0.1, packed in
+#            .device-moto/ by scripts/bench/doubles_bins.sh; per S3 double, `dispatcher
+#            backfill`, then `dispatcher run --gpus 0 --exit-when-idle` as run run-S3 (the
+#            result manifests counted through ListObjectsV2); DOUBLES_TUNE="name:args;..." adds
+#            runs with other flags (run-S3-NAME, each on its own queue and output prefix), e.g.
+#            "mif1088:--max-in-flight 1088"
 # Every run's host CPU is the user + system time of the dispatcher and everything it waited for
 # (its workers); its wall and audio-s/s come from the dispatcher's closing table, which times
 # from the fleet being ready (its start excluded) to the last job's end.
@@ -70,6 +73,7 @@ STEPS=${STEPS:-model corpus offline default}
 MODEL=${MODEL:-/tmp/parakeet-random.nemo}
 HOURS=${HOURS:-23}
 LONG_COPIES=${LONG_COPIES:-4}
+DOUBLES_S3=${DOUBLES_S3:-s3-memory s3s-fs}
 CORPUS=${CORPUS:-/tmp/pipeline-corpus}
 # Where each run's spool and store live (SCRATCH=/dev/shm: in memory, without the file system's
 # cost per job, for comparison): new folders per run under $RUNS, never deleted here. This
@@ -478,25 +482,52 @@ PY
 fi
 
 if has doubles; then
-  for d in fakecloud s3s-fs; do
+  for d in fakecloud $DOUBLES_S3; do
     xz -dc ".device-moto/$d.xz" > "/tmp/$d" && chmod +x "/tmp/$d" || exit 1
   done
-  s3_root=$RUNS/s3s-fs
+  s3_root=$RUNS/s3-root
   mkdir -p "$s3_root/bench-in" "$s3_root/bench-out"
   cp -al "$CORPUS" "$s3_root/bench-in/corpus"
-  /tmp/s3s-fs --host 127.0.0.1 --port 8014 --access-key bench --secret-key bench "$s3_root" \
-    > "$OUT/s3s-fs.log" 2>&1 &
-  s3_pid=$!
+  declare -A s3_port=([s3s-fs]=8014 [s3-memory]=8015) s3_pid=()
+  for s3 in $DOUBLES_S3; do
+    case $s3 in
+      s3s-fs) /tmp/s3s-fs --host 127.0.0.1 --port 8014 --access-key bench --secret-key bench \
+        "$s3_root" > "$OUT/s3s-fs.log" 2>&1 & ;;
+      # Reads the corpus into memory before it listens (the wait below covers it).
+      s3-memory) /tmp/s3-memory --port 8015 --access-key bench --secret-key bench \
+        --preload "$s3_root" > "$OUT/s3-memory.log" 2>&1 & ;;
+      *) echo "DOUBLES_S3: unknown double $s3 (s3s-fs, s3-memory)"; exit 1 ;;
+    esac
+    s3_pid[$s3]=$!
+  done
   /tmp/fakecloud --addr 127.0.0.1:4566 --log-level warn > "$OUT/fakecloud.log" 2>&1 &
   sqs_pid=$!
-  for port in 8014 4566; do
-    for _ in $(seq 100); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
+  for s3 in $DOUBLES_S3; do
+    for _ in $(seq 600); do curl -s -o /dev/null "http://127.0.0.1:${s3_port[$s3]}/" && break; sleep 0.1; done
   done
-  # fakecloud for everything but S3 (the run's CloudWatch metrics too); s3s-fs checks signatures
-  # against these keys.
-  export AWS_ENDPOINT_URL=http://127.0.0.1:4566 AWS_ENDPOINT_URL_S3=http://127.0.0.1:8014 \
-    AWS_ACCESS_KEY_ID=bench AWS_SECRET_ACCESS_KEY=bench AWS_REGION=us-east-1 \
-    AWS_EC2_METADATA_DISABLED=true
+  for _ in $(seq 100); do curl -s -o /dev/null http://127.0.0.1:4566/ && break; sleep 0.1; done
+  cat "$OUT/s3-memory.log" 2>/dev/null
+  # fakecloud for everything but S3 (the run's CloudWatch metrics too); the S3 doubles check
+  # signatures against these keys.
+  export AWS_ENDPOINT_URL=http://127.0.0.1:4566 AWS_ACCESS_KEY_ID=bench \
+    AWS_SECRET_ACCESS_KEY=bench AWS_REGION=us-east-1 AWS_EC2_METADATA_DISABLED=true
+  # manifests NAME: result manifests under s3://bench-out/NAME/, counted through ListObjectsV2
+  # (curl signs the query as written, so its parameters go in sorted order).
+  manifests() {
+    local token="" n=0 page query
+    while :; do
+      query="list-type=2&prefix=$1%2F"
+      [ -n "$token" ] && query="continuation-token=$(python3 -c \
+        'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$token")&$query"
+      page=$(curl -sf --aws-sigv4 aws:amz:us-east-1:s3 -u bench:bench \
+        -H "x-amz-content-sha256: $(printf '' | sha256sum | cut -d' ' -f1)" \
+        "$AWS_ENDPOINT_URL_S3/bench-out?$query") || { echo "?"; return; }
+      n=$((n + $(grep -o '/manifest.json</Key>' <<< "$page" | wc -l)))
+      token=$(sed -n 's:.*<NextContinuationToken>\(.*\)</NextContinuationToken>.*:\1:p' <<< "$page")
+      [ -z "$token" ] && break
+    done
+    echo "$n"
+  }
   # doubles_run NAME [dispatcher flags...]: a queue and an output prefix of its own, one job per
   # recording, then `dispatcher run` until the queue is empty.
   doubles_run() {
@@ -504,23 +535,26 @@ if has doubles; then
     queue_url=$(curl -sf -X POST http://127.0.0.1:4566/ -H 'X-Amz-Target: AmazonSQS.CreateQueue' \
       -H 'Content-Type: application/x-amz-json-1.0' -d "{\"QueueName\":\"$name\"}" |
       python3 -c 'import json, sys; print(json.load(sys.stdin)["QueueUrl"])') || return 1
-    echo "doubles: queue $queue_url"
+    echo "doubles: queue $queue_url, S3 $AWS_ENDPOINT_URL_S3"
     "$BIN/dispatcher" backfill s3://bench-in/corpus/ --queue-url "$queue_url" \
       --output-uri "s3://bench-out/$name/" --model "$MODEL" --s3-force-path-style 2>&1 | tail -2
     RUN_COMMAND="run --queue-url $queue_url --output-uri s3://bench-out/$name/ \
       --s3-force-path-style --exit-when-idle" run "$name" "$CORPUS" "$@"
-    echo "$name: $(find "$s3_root/bench-out/$name" -name manifest.json 2>/dev/null | wc -l) manifests"
+    echo "$name: $(manifests "$name") manifests"
   }
-  doubles_run run-doubles
-  # Other settings on the same servers (DOUBLES_TUNE="name:args;...", as TUNE): run-doubles-NAME.
   IFS=';' read -ra tunes <<< "${DOUBLES_TUNE:-}"
-  for t in "${tunes[@]}"; do
-    # shellcheck disable=SC2086 # the run's arguments are words
-    doubles_run "run-doubles-${t%%:*}" ${t#*:}
+  for s3 in $DOUBLES_S3; do
+    export AWS_ENDPOINT_URL_S3=http://127.0.0.1:${s3_port[$s3]}
+    doubles_run "run-$s3"
+    # Other settings on the same servers (DOUBLES_TUNE="name:args;...", as TUNE): run-S3-NAME.
+    for t in "${tunes[@]}"; do
+      # shellcheck disable=SC2086 # the run's arguments are words
+      doubles_run "run-$s3-${t%%:*}" ${t#*:}
+    done
   done
-  echo "server CPU (every backfill and run): s3s-fs $(ps -o cputime= -p $s3_pid)," \
-    "fakecloud $(ps -o cputime= -p $sqs_pid)"
-  kill "$s3_pid" "$sqs_pid"; wait "$s3_pid" "$sqs_pid" 2>/dev/null
+  echo "server CPU (every backfill and run): fakecloud $(ps -o cputime= -p $sqs_pid)$(
+    for s3 in $DOUBLES_S3; do printf ', %s %s' "$s3" "$(ps -o cputime= -p "${s3_pid[$s3]}")"; done)"
+  kill "$sqs_pid" "${s3_pid[@]}"; wait "$sqs_pid" "${s3_pid[@]}" 2>/dev/null
   unset AWS_ENDPOINT_URL AWS_ENDPOINT_URL_S3
 fi
 
