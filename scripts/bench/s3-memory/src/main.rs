@@ -1,14 +1,16 @@
 //! An S3 double that keeps every object in memory, for the pipeline benchmark's `doubles` step.
 //!
-//! Why not s3s-fs alone: it reads every object through tokio's blocking pool in 4 KiB pieces
-//! (twice for a GET of an object it did not write: once for the MD5) and writes each object as
-//! three files through renames in one directory, so under hundreds of concurrent jobs its
-//! answers queue (about 200 ms each on a 16-core host) and the benchmark measures the double,
-//! not the dispatcher. Here the protocol (routing, SigV4 including streaming trailers, XML) is
-//! the `s3s` crate's; this file holds only the store: HeadObject, GetObject (with If-Match),
-//! PutObject (with If-None-Match / If-Match, checked and applied under one lock, and the
-//! request's checksums verified), ListObjectsV2 (prefix, continuation, start-after), CreateBucket
-//! and HeadBucket. Everything else answers NotImplemented.
+//! Why not s3s-fs alone: under 544 jobs in flight on a 16-core host its answers took about 200 ms
+//! each while cores stood idle (docs/benchmarks.md, session 35), so the benchmark measured the
+//! double, not the dispatcher. It streams each GET's body in 4 KiB reads through tokio's
+//! blocking pool, reads an object it did not write once more for its MD5 on every HEAD and GET,
+//! and writes each object as three files renamed into place from one directory.
+//!
+//! Here the protocol (routing, SigV4 including streaming trailers, XML) is the `s3s` crate's;
+//! this file holds only the store: HeadObject, GetObject (with If-Match), PutObject (with
+//! If-None-Match / If-Match, checked and applied under one lock, and the request's checksums
+//! verified), ListObjectsV2 (prefix, continuation, start-after), CreateBucket and HeadBucket.
+//! Everything else answers NotImplemented. check.py tests it with boto3.
 //!
 //! Usage: s3-memory --port 8015 --access-key K --secret-key S --preload ROOT
 //! (each directory under ROOT is a bucket, the files below it its objects).
