@@ -4,15 +4,16 @@
 
 use std::collections::BTreeMap;
 
+use futures_util::{stream, StreamExt, TryStreamExt};
 use serde::Serialize;
 
 use crate::backfill::JobSender;
-use crate::error::Result;
+use crate::error::{DispatchError, Result};
 use crate::job::{ObjectRef, Prefix};
 use crate::lifecycle::retry::RetrySettings;
 use crate::outputs::{Existing, ResultLocation, Writer};
 use crate::queue::Queue;
-use crate::store::{ObjectStore, Pages};
+use crate::store::{ObjectStore, Pages, INPUTS_INSPECTED_AT_ONCE};
 
 #[derive(Debug, Clone)]
 pub struct ReconcileSettings {
@@ -129,23 +130,31 @@ pub async fn reconcile(
     let mut report = ReconcileReport::default();
     let mut pages = Pages::new(store, &settings.source);
     while let Some(objects) = pages.next().await? {
-        let mut missing = Vec::new();
-        for object in &objects {
-            if settings.source.bucket == settings.output.bucket
-                && object.key.starts_with(&settings.output.prefix)
-            {
-                continue;
-            }
-            report.inputs += 1;
-            let input = ObjectRef::new(&settings.source.bucket, &object.key);
-            let state = inspect(
-                store,
-                &settings.output,
-                &input,
-                &object.etag,
-                &settings.result_model_id,
-            )
+        // Results under the source prefix are not inputs.
+        let inputs = objects.iter().filter(|object| {
+            settings.source.bucket != settings.output.bucket
+                || !object.key.starts_with(&settings.output.prefix)
+        });
+        // Inspected many at a time, reported in listing order.
+        let states: Vec<(ObjectRef, InputState)> = stream::iter(inputs)
+            .map(|object| async {
+                let input = ObjectRef::new(&settings.source.bucket, &object.key);
+                let state = inspect(
+                    store,
+                    &settings.output,
+                    &input,
+                    &object.etag,
+                    &settings.result_model_id,
+                )
+                .await?;
+                Ok::<_, DispatchError>((input, state))
+            })
+            .buffered(INPUTS_INSPECTED_AT_ONCE)
+            .try_collect()
             .await?;
+        let mut missing = Vec::new();
+        for (input, state) in states {
+            report.inputs += 1;
             match state {
                 InputState::Complete => report.complete += 1,
                 InputState::Failed { reason } => {
@@ -153,10 +162,10 @@ pub async fn reconcile(
                     *report.failed_by_reason.entry(reason).or_default() += 1;
                 }
                 InputState::Missing => {
-                    report.missing.push(object.key.clone());
+                    report.missing.push(input.key.clone());
                     missing.push(input);
                 }
-                InputState::Incomplete { why } => report.incomplete.push((object.key.clone(), why)),
+                InputState::Incomplete { why } => report.incomplete.push((input.key.clone(), why)),
             }
         }
         if let Some((queue, sender)) = enqueue.as_mut() {

@@ -23,8 +23,9 @@ pub(crate) struct ReconcileArgs {
     /// Send a job for every input without a result (needs the queue).
     #[arg(long)]
     pub(crate) enqueue_missing: bool,
-    /// With --enqueue-missing: at most this many messages per second (0 = unlimited).
-    #[arg(long, default_value_t = 100)]
+    /// With --enqueue-missing: at most this many messages per second (0 = unlimited, the
+    /// default).
+    #[arg(long, default_value_t = 0)]
     pub(crate) max_messages_per_s: u32,
     /// Print the whole report as JSON on stdout (counts, missing and incomplete inputs).
     #[arg(long)]

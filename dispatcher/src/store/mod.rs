@@ -70,6 +70,13 @@ pub trait ObjectStore: Send + Sync {
     ) -> Result<ListPage>;
 }
 
+/// Inputs of one listing page inspected at once (backfill, reconcile). Each inspection is a
+/// request or two in a row; one input at a time, at 15 ms a request (S3's order for a HEAD),
+/// held a backfill to 30 inputs a second, a tenth of what one GPU transcribes (measured against
+/// scripts/bench/s3-memory --latency-ms 15); 64 at a time take a page of 1 000 in some 16
+/// round trips.
+pub const INPUTS_INSPECTED_AT_ONCE: usize = 64;
+
 /// The pages of a listing, one at a time (`backfill`, `reconcile`).
 pub struct Pages<'a> {
     store: &'a dyn ObjectStore,

@@ -12,14 +12,15 @@
 //! verified), ListObjectsV2 (prefix, continuation, start-after), CreateBucket and HeadBucket.
 //! Everything else answers NotImplemented. check.py tests it with boto3.
 //!
-//! Usage: s3-memory --port 8015 --access-key K --secret-key S --preload ROOT
-//! (each directory under ROOT is a bucket, the files below it its objects).
+//! Usage: s3-memory --port 8015 --access-key K --secret-key S --preload ROOT [--latency-ms 20]
+//! (each directory under ROOT is a bucket, the files below it its objects; --latency-ms delays
+//! every answer, as S3's time per request would).
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context as _;
 use bytes::{Bytes, BytesMut};
@@ -48,6 +49,10 @@ struct Args {
     /// Directory whose subdirectories become buckets holding their files as objects.
     #[arg(long)]
     preload: Option<PathBuf>,
+    /// Added before every answer, as S3's own time for a small request (tens of milliseconds)
+    /// on top of the network's: how a client behaves against S3 rather than on loopback.
+    #[arg(long, default_value_t = 0)]
+    latency_ms: u64,
 }
 
 struct Object {
@@ -87,9 +92,17 @@ type Bucket = BTreeMap<String, Arc<Object>>;
 #[derive(Default)]
 struct Memory {
     buckets: RwLock<HashMap<String, Bucket>>,
+    latency: Duration,
 }
 
 impl Memory {
+    /// S3's own time for the request (`--latency-ms`).
+    async fn answer_time(&self) {
+        if !self.latency.is_zero() {
+            tokio::time::sleep(self.latency).await;
+        }
+    }
+
     fn object(&self, bucket: &str, key: &str) -> S3Result<Arc<Object>> {
         let buckets = self.buckets.read().expect("store lock");
         let Some(objects) = buckets.get(bucket) else {
@@ -185,6 +198,7 @@ impl S3 for Memory {
         &self,
         req: S3Request<CreateBucketInput>,
     ) -> S3Result<S3Response<CreateBucketOutput>> {
+        self.answer_time().await;
         let mut buckets = self.buckets.write().expect("store lock");
         if buckets.contains_key(&req.input.bucket) {
             return Err(s3_error!(BucketAlreadyOwnedByYou));
@@ -197,6 +211,7 @@ impl S3 for Memory {
         &self,
         req: S3Request<HeadBucketInput>,
     ) -> S3Result<S3Response<HeadBucketOutput>> {
+        self.answer_time().await;
         if !self
             .buckets
             .read()
@@ -212,6 +227,7 @@ impl S3 for Memory {
         &self,
         req: S3Request<HeadObjectInput>,
     ) -> S3Result<S3Response<HeadObjectOutput>> {
+        self.answer_time().await;
         let input = req.input;
         if input.range.is_some() || input.part_number.is_some() || input.version_id.is_some() {
             return Err(s3_error!(NotImplemented, "ranges, parts and versions"));
@@ -234,6 +250,7 @@ impl S3 for Memory {
         &self,
         req: S3Request<GetObjectInput>,
     ) -> S3Result<S3Response<GetObjectOutput>> {
+        self.answer_time().await;
         let input = req.input;
         if input.range.is_some() || input.part_number.is_some() || input.version_id.is_some() {
             return Err(s3_error!(NotImplemented, "ranges, parts and versions"));
@@ -257,6 +274,7 @@ impl S3 for Memory {
         &self,
         req: S3Request<PutObjectInput>,
     ) -> S3Result<S3Response<PutObjectOutput>> {
+        self.answer_time().await;
         let mut input = req.input;
         let Some(body) = input.body.take() else {
             return Err(s3_error!(IncompleteBody));
@@ -361,6 +379,7 @@ impl S3 for Memory {
         &self,
         req: S3Request<ListObjectsV2Input>,
     ) -> S3Result<S3Response<ListObjectsV2Output>> {
+        self.answer_time().await;
         let input = req.input;
         if input.delimiter.is_some() {
             return Err(s3_error!(NotImplemented, "delimiters"));
@@ -416,7 +435,10 @@ impl S3 for Memory {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let memory = Memory::default();
+    let memory = Memory {
+        latency: Duration::from_millis(args.latency_ms),
+        ..Memory::default()
+    };
     if let Some(root) = &args.preload {
         let started = Instant::now();
         let (count, bytes) = memory.preload(root)?;
