@@ -114,6 +114,27 @@ impl Memory {
             .ok_or_else(|| s3_error!(NoSuchKey))
     }
 
+    /// The object a HEAD or GET names, once its If-Match holds (whole objects, no versions).
+    fn read(
+        &self,
+        bucket: &str,
+        key: &str,
+        whole: bool,
+        version_id: &Option<String>,
+        if_match: &Option<ETagCondition>,
+    ) -> S3Result<Arc<Object>> {
+        if !whole || version_id.is_some() {
+            return Err(s3_error!(NotImplemented, "ranges, parts and versions"));
+        }
+        let object = self.object(bucket, key)?;
+        if let Some(condition) = if_match
+            && !object.matches(condition)
+        {
+            return Err(s3_error!(PreconditionFailed));
+        }
+        Ok(object)
+    }
+
     /// Loads `root/<bucket>/<key...>`, hashing on every core.
     fn preload(&self, root: &Path) -> anyhow::Result<(usize, u64)> {
         let mut files = Vec::new();
@@ -229,15 +250,14 @@ impl S3 for Memory {
     ) -> S3Result<S3Response<HeadObjectOutput>> {
         self.answer_time().await;
         let input = req.input;
-        if input.range.is_some() || input.part_number.is_some() || input.version_id.is_some() {
-            return Err(s3_error!(NotImplemented, "ranges, parts and versions"));
-        }
-        let object = self.object(&input.bucket, &input.key)?;
-        if let Some(condition) = &input.if_match
-            && !object.matches(condition)
-        {
-            return Err(s3_error!(PreconditionFailed));
-        }
+        let whole = input.range.is_none() && input.part_number.is_none();
+        let object = self.read(
+            &input.bucket,
+            &input.key,
+            whole,
+            &input.version_id,
+            &input.if_match,
+        )?;
         Ok(S3Response::new(HeadObjectOutput {
             content_length: Some(object.body.len() as i64),
             e_tag: Some(object.etag()),
@@ -252,15 +272,14 @@ impl S3 for Memory {
     ) -> S3Result<S3Response<GetObjectOutput>> {
         self.answer_time().await;
         let input = req.input;
-        if input.range.is_some() || input.part_number.is_some() || input.version_id.is_some() {
-            return Err(s3_error!(NotImplemented, "ranges, parts and versions"));
-        }
-        let object = self.object(&input.bucket, &input.key)?;
-        if let Some(condition) = &input.if_match
-            && !object.matches(condition)
-        {
-            return Err(s3_error!(PreconditionFailed));
-        }
+        let whole = input.range.is_none() && input.part_number.is_none();
+        let object = self.read(
+            &input.bucket,
+            &input.key,
+            whole,
+            &input.version_id,
+            &input.if_match,
+        )?;
         Ok(S3Response::new(GetObjectOutput {
             content_length: Some(object.body.len() as i64),
             e_tag: Some(object.etag()),
