@@ -309,6 +309,7 @@ mod tests {
             if i % 3 == 0 {
                 // Done before: its manifest is there.
                 let etag = store
+                    .inner
                     .head(&ObjectRef::new("inputs", key))
                     .await
                     .expect("head")
