@@ -58,14 +58,14 @@
 #            (default "s3-memory"): s3-memory (scripts/bench/s3-memory: the corpus read into
 #            memory, the protocol from the s3s crate) and s3s-fs (from crates.io; objects are
 #            files, the corpus linked into its folder; its answers queue under hundreds of jobs
-#            in flight, and it walks the whole bucket for every page of a listing, so its
-#            backfill of the 96 h corpus takes about 2 minutes), all on 127.0.0.1, packed in
+#            in flight, and it walks the whole bucket for every page of a listing), all on
+#            127.0.0.1, packed in
 #            .device-moto/ by scripts/bench/doubles_bins.sh; per S3 double, `dispatcher
 #            backfill`, then `dispatcher run --gpus 0 --exit-when-idle` as run run-S3 (the
-#            result manifests counted through ListObjectsV2, s3s-fs's on disk); DOUBLES_TUNE=
-#            "name:args;..." adds runs with other flags (run-S3-NAME, each on its own queue and
-#            output prefix), e.g.
-#            "mif1088:--max-in-flight 1088"
+#            result manifests counted through ListObjectsV2, s3s-fs's on disk); S3_LATENCY_MS=N
+#            delays each of s3-memory's answers by N ms (S3's own time is tens of ms);
+#            DOUBLES_TUNE="name:args;..." adds runs with other flags (run-S3-NAME, each on its own
+#            queue and output prefix), e.g. "mif1088:--max-in-flight 1088"
 # Every run's host CPU is the user + system time of the dispatcher and everything it waited for
 # (its workers); its wall and audio-s/s come from the dispatcher's closing table, which times
 # from the fleet being ready (its start excluded) to the last job's end.
@@ -498,7 +498,7 @@ if has doubles; then
         "$s3_root" > "$OUT/s3s-fs.log" 2>&1 & ;;
       # Reads the corpus into memory before it listens (the wait below covers it).
       s3-memory) /tmp/s3-memory --port 8015 --access-key bench --secret-key bench \
-        --preload "$s3_root" > "$OUT/s3-memory.log" 2>&1 & ;;
+        --preload "$s3_root" --latency-ms "${S3_LATENCY_MS:-0}" > "$OUT/s3-memory.log" 2>&1 & ;;
       *) echo "DOUBLES_S3: unknown double $s3 (s3s-fs, s3-memory)"; exit 1 ;;
     esac
     s3_pid[$s3]=$!
