@@ -59,10 +59,9 @@
 #            memory, the protocol from the s3s crate) and s3s-fs (from crates.io; objects are
 #            files, the corpus linked into its folder; its answers queue under hundreds of jobs
 #            in flight, and it walks the whole bucket for every page of a listing), all on
-#            127.0.0.1, packed in
-#            .device-moto/ by scripts/bench/doubles_bins.sh; per S3 double, `dispatcher
-#            backfill`, then `dispatcher run --gpus 0 --exit-when-idle` as run run-S3 (the
-#            result manifests counted through ListObjectsV2, s3s-fs's on disk); S3_LATENCY_MS=N
+#            127.0.0.1, packed in .device-moto/ by scripts/bench/doubles_bins.sh; per S3 double,
+#            `dispatcher backfill`, then `dispatcher run --gpus 0 --exit-when-idle` as run run-S3
+#            (the result manifests counted through ListObjectsV2, s3s-fs's on disk); S3_LATENCY_MS=N
 #            delays each of s3-memory's answers by N ms (S3's own time is tens of ms);
 #            DOUBLES_TUNE="name:args;..." adds runs with other flags (run-S3-NAME, each on its own
 #            queue and output prefix), e.g. "mif1088:--max-in-flight 1088"
