@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 
 use futures_util::{stream, StreamExt, TryStreamExt};
 
-use crate::error::{DispatchError, Result};
+use crate::error::Result;
 use crate::job::{JobMessage, ObjectRef, Prefix};
 use crate::model_id::diarized_model_id;
 use crate::outputs::ResultLocation;
 use crate::queue::Queue;
-use crate::store::{ObjectStore, Pages, INPUTS_INSPECTED_AT_ONCE};
+use crate::store::{inspect_at_once, ObjectStore, Pages};
 
 #[derive(Debug, Clone)]
 pub struct BackfillSettings {
@@ -53,25 +53,20 @@ pub async fn backfill(
     };
     while let Some(objects) = pages.next().await? {
         summary.listed += objects.len() as u64;
-        // Checked many at a time, kept in listing order.
-        let checked: Vec<(ObjectRef, bool)> = stream::iter(&objects)
-            .map(|object| async {
-                let input = ObjectRef::new(&settings.source.bucket, &object.key);
-                let loc =
-                    ResultLocation::new(&settings.output, &input, &object.etag, &result_model_id);
-                let done = store
-                    .head(&ObjectRef::new(&loc.bucket, loc.manifest_key()))
+        let checked = inspect_at_once(&objects, |object| async {
+            let input = ObjectRef::new(&settings.source.bucket, &object.key);
+            let loc = ResultLocation::new(&settings.output, &input, &object.etag, &result_model_id);
+            let done = store
+                .head(&ObjectRef::new(&loc.bucket, loc.manifest_key()))
+                .await?
+                .is_some()
+                || store
+                    .head(&ObjectRef::new(&loc.bucket, loc.failure_key()))
                     .await?
-                    .is_some()
-                    || store
-                        .head(&ObjectRef::new(&loc.bucket, loc.failure_key()))
-                        .await?
-                        .is_some();
-                Ok::<_, DispatchError>((input, done))
-            })
-            .buffered(INPUTS_INSPECTED_AT_ONCE)
-            .try_collect()
-            .await?;
+                    .is_some();
+            Ok((input, done))
+        })
+        .await?;
         let mut inputs = Vec::new();
         for (input, done) in checked {
             if done {
@@ -197,6 +192,7 @@ mod tests {
     use super::*;
     use crate::queue::Received;
     use crate::store::local::LocalStore;
+    use crate::store::INPUTS_INSPECTED_AT_ONCE;
     use crate::store::{ListPage, ObjectMeta, PutOutcome};
 
     /// Counts requests at once, each held for a while (as a remote store's would be).

@@ -4,16 +4,15 @@
 
 use std::collections::BTreeMap;
 
-use futures_util::{stream, StreamExt, TryStreamExt};
 use serde::Serialize;
 
 use crate::backfill::JobSender;
-use crate::error::{DispatchError, Result};
+use crate::error::Result;
 use crate::job::{ObjectRef, Prefix};
 use crate::lifecycle::retry::RetrySettings;
 use crate::outputs::{Existing, ResultLocation, Writer};
 use crate::queue::Queue;
-use crate::store::{ObjectStore, Pages, INPUTS_INSPECTED_AT_ONCE};
+use crate::store::{inspect_at_once, ObjectStore, Pages};
 
 #[derive(Debug, Clone)]
 pub struct ReconcileSettings {
@@ -135,23 +134,19 @@ pub async fn reconcile(
             settings.source.bucket != settings.output.bucket
                 || !object.key.starts_with(&settings.output.prefix)
         });
-        // Inspected many at a time, reported in listing order.
-        let states: Vec<(ObjectRef, InputState)> = stream::iter(inputs)
-            .map(|object| async {
-                let input = ObjectRef::new(&settings.source.bucket, &object.key);
-                let state = inspect(
-                    store,
-                    &settings.output,
-                    &input,
-                    &object.etag,
-                    &settings.result_model_id,
-                )
-                .await?;
-                Ok::<_, DispatchError>((input, state))
-            })
-            .buffered(INPUTS_INSPECTED_AT_ONCE)
-            .try_collect()
+        let states = inspect_at_once(inputs, |object| async {
+            let input = ObjectRef::new(&settings.source.bucket, &object.key);
+            let state = inspect(
+                store,
+                &settings.output,
+                &input,
+                &object.etag,
+                &settings.result_model_id,
+            )
             .await?;
+            Ok((input, state))
+        })
+        .await?;
         let mut missing = Vec::new();
         for (input, state) in states {
             report.inputs += 1;

@@ -1,7 +1,10 @@
 //! Object stores: S3 (or anything that speaks it) and a local directory.
 
+use std::future::Future;
+
 use async_trait::async_trait;
 use bytes::Bytes;
+use futures_util::{stream, StreamExt, TryStreamExt};
 
 use crate::error::Result;
 use crate::job::{ObjectRef, Prefix};
@@ -76,6 +79,23 @@ pub trait ObjectStore: Send + Sync {
 /// scripts/bench/s3-memory --latency-ms 15); 64 at a time take a page of 1 000 in some 16
 /// round trips.
 pub const INPUTS_INSPECTED_AT_ONCE: usize = 64;
+
+/// `inspect` of every input of a page, [`INPUTS_INSPECTED_AT_ONCE`] at a time; the answers in
+/// the inputs' order, or the first error.
+pub async fn inspect_at_once<'a, T, F, Fut>(
+    inputs: impl IntoIterator<Item = &'a ListedObject>,
+    inspect: F,
+) -> Result<Vec<T>>
+where
+    F: FnMut(&'a ListedObject) -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    stream::iter(inputs)
+        .map(inspect)
+        .buffered(INPUTS_INSPECTED_AT_ONCE)
+        .try_collect()
+        .await
+}
 
 /// The pages of a listing, one at a time (`backfill`, `reconcile`).
 pub struct Pages<'a> {

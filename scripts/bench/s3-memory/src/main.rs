@@ -42,6 +42,7 @@ struct Args {
     host: String,
     #[arg(long, default_value_t = 8015)]
     port: u16,
+    /// The one key pair whose SigV4 signatures are accepted (others answer AccessDenied).
     #[arg(long)]
     access_key: String,
     #[arg(long)]
