@@ -19,7 +19,7 @@ use crate::diarizer::Diarizer;
 use crate::error::{DispatchError, Result};
 use crate::metrics::MetricsSource;
 use crate::model_id::given_or_hashed;
-use crate::transcriber::{Capacity, Priority, Transcriber};
+use crate::transcriber::{Capacity, Priority, SharedPcm, Transcriber};
 
 /// The CUDA engine's encoder storage.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -291,7 +291,7 @@ impl Transcriber for FleetEngine {
         self.inner.transcribe(segments).map_err(classify)
     }
 
-    fn transcribe_at(&self, segments: &[&[f32]], priority: Priority) -> Result<Vec<Transcript>> {
+    fn transcribe_at(&self, segments: &[SharedPcm], priority: Priority) -> Result<Vec<Transcript>> {
         self.inner
             .transcribe_with(segments, priority)
             .map_err(classify)

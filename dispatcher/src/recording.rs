@@ -17,7 +17,7 @@ use model_core::transcript::{Segment, TimedToken, Transcript, Word};
 use crate::decode::Decoded;
 use crate::diarizer::Diarizer;
 use crate::error::{DispatchError, Result};
-use crate::transcriber::{Priority, Transcriber};
+use crate::transcriber::{Priority, SharedPcm, Transcriber};
 
 /// A recording's transcript (speakers attributed when diarized) and where the time went.
 pub struct RecordingResult {
@@ -172,8 +172,15 @@ fn transcribe_segments(
     let rate = f64::from(audio::TARGET_SAMPLE_RATE_HZ);
     let mut pieces = Vec::with_capacity(segments.len());
     for batch in segments.chunks(segments_per_call.max(1)) {
-        let refs: Vec<&[f32]> = batch.iter().map(|r| &decoded.pcm[r.clone()]).collect();
-        let transcripts = transcriber.transcribe_at(&refs, priority)?;
+        // Parts of the recording's samples, not copies of them.
+        let parts = batch
+            .iter()
+            .map(|r| SharedPcm::part(decoded.pcm.clone(), r.clone()))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                DispatchError::Inference("a segment outside its recording (bug)".into())
+            })?;
+        let transcripts = transcriber.transcribe_at(&parts, priority)?;
         if transcripts.len() != batch.len() {
             return Err(DispatchError::Inference(format!(
                 "{} transcripts for {} segments (bug)",

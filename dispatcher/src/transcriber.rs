@@ -6,6 +6,7 @@
 use model_core::transcript::Transcript;
 /// Whether a person waits for the result (the HTTP API) or a queue of jobs does.
 pub use worker_fleet::Priority;
+pub use worker_fleet::SharedPcm;
 
 use crate::error::Result;
 
@@ -21,9 +22,12 @@ pub trait Transcriber: Send + Sync {
 
     /// As `transcribe`, at `priority`: an engine with a queue (the fleet) serves interactive
     /// segments before waiting batch ones. One call at a time engines have no queue to reorder.
-    fn transcribe_at(&self, segments: &[&[f32]], priority: Priority) -> Result<Vec<Transcript>> {
+    /// The segments share their recording's samples, so an engine in another process sends
+    /// them without copying them first.
+    fn transcribe_at(&self, segments: &[SharedPcm], priority: Priority) -> Result<Vec<Transcript>> {
         let _ = priority;
-        self.transcribe(segments)
+        let segments: Vec<&[f32]> = segments.iter().map(SharedPcm::as_slice).collect();
+        self.transcribe(&segments)
     }
 
     /// Whether the engine can take work now. `Ok(false)` while every worker restarts (a GPU

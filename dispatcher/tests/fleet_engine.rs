@@ -10,6 +10,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use dispatcher::fleet_engine::EngineArgs;
+use dispatcher::transcriber::SharedPcm;
 use tokio_util::sync::CancellationToken;
 
 fn fixtures() -> PathBuf {
@@ -213,6 +214,38 @@ fn local_diarization_through_the_fleet_equals_in_process() {
     assert!(speakers.contains("SPEAKER"), "{speakers}");
 }
 
+/// Segments go to the workers as parts of their recording's shared samples (no copy): each
+/// part's transcript is that of the same samples copied out, and the parts' differ, so a part
+/// sent as the whole buffer (or the wrong range) fails this.
+#[test]
+fn parts_of_a_recording_are_transcribed_as_their_samples() {
+    use dispatcher::transcriber::Priority;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args = cpu_fleet(dir.path(), 1, 8);
+    let engine = dispatcher::fleet_engine::load(&args, &model(), Some("fixture".into()), 8)
+        .expect("fleet engine");
+    let bytes = std::fs::read(fixtures().join("clips/espeak_us.wav")).expect("clip");
+    let recording = audio::decode(&bytes, Some("wav"), &audio::AudioLimits::default())
+        .expect("decoded")
+        .pcm_16k;
+    let half = recording.len() / 2;
+    let ranges = [0..half, half..recording.len()];
+    let shared = Arc::new(recording.clone());
+    let parts: Vec<SharedPcm> = ranges
+        .iter()
+        .map(|r| SharedPcm::part(shared.clone(), r.clone()).expect("within the recording"))
+        .collect();
+    let from_parts = engine
+        .transcriber
+        .transcribe_at(&parts, Priority::Batch)
+        .expect("parts");
+    let copies: Vec<&[f32]> = ranges.iter().map(|r| &recording[r.clone()]).collect();
+    let from_copies = engine.transcriber.transcribe(&copies).expect("copies");
+    assert_eq!(from_parts, from_copies);
+    assert_ne!(from_parts[0].text, from_parts[1].text);
+}
+
 #[test]
 fn the_fleet_joins_health_and_metrics() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -295,15 +328,16 @@ fn interactive_segments_overtake_waiting_batch_segments() {
     let engine = dispatcher::fleet_engine::load(&args, &model(), Some("fixture".into()), 8)
         .expect("fleet engine");
     let transcriber = engine.transcriber;
-    let pcm: Vec<f32> = (0..16_000 * 20)
+    let pcm: SharedPcm = (0..16_000 * 20)
         .map(|i| 0.1 * (i as f32 * 300.0 * std::f32::consts::TAU / 16_000.0).sin())
-        .collect();
+        .collect::<Vec<f32>>()
+        .into();
     let batch_done: Vec<Instant> = std::thread::scope(|scope| {
         let batch: Vec<_> = (0..12)
             .map(|_| {
                 scope.spawn(|| {
                     transcriber
-                        .transcribe_at(&[&pcm], Priority::Batch)
+                        .transcribe_at(std::slice::from_ref(&pcm), Priority::Batch)
                         .expect("batch segment");
                     Instant::now()
                 })
@@ -313,7 +347,7 @@ fn interactive_segments_overtake_waiting_batch_segments() {
         std::thread::sleep(Duration::from_millis(100));
         let submitted = Instant::now();
         transcriber
-            .transcribe_at(&[&pcm], Priority::Interactive)
+            .transcribe_at(std::slice::from_ref(&pcm), Priority::Interactive)
             .expect("interactive segment");
         let answered = Instant::now();
         let done: Vec<Instant> = batch

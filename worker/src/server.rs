@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use tokio::net::{unix::OwnedWriteHalf, UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use worker_protocol::{
-    read_frame_async, write_frame_async, Audio, ClientMessage, DiarizeRequest, HealthReport,
-    Priority, ProtocolError, RequestId, Task, TranscribeRequest, WireError, WireErrorKind,
-    WorkerInfo, WorkerMessage, WorkerState, PROTOCOL_VERSION,
+    read_frame_async, read_frame_async_reusing, write_frame_async, Audio, ClientMessage,
+    DiarizeRequest, HealthReport, Priority, ProtocolError, RequestId, Task, TranscribeRequest,
+    WireError, WireErrorKind, WorkerInfo, WorkerMessage, WorkerState, PROTOCOL_VERSION,
 };
 
 use crate::batcher::{error_message, BatcherCommand, Pending, QueueStats};
@@ -145,8 +145,9 @@ async fn read_loop(
         }
         other => return Err(ProtocolError::Unexpected(format!("{other:?} before Hello"))),
     }
+    let mut body = Vec::new();
     loop {
-        match read_frame_async::<ClientMessage>(reader).await? {
+        match read_frame_async_reusing::<ClientMessage>(reader, &mut body).await? {
             ClientMessage::Transcribe(TranscribeRequest {
                 id,
                 audio,
@@ -198,7 +199,7 @@ async fn submit(
     }
     let Audio::Pcm16k(pcm) = audio;
     // Just decoded, so the only owner: no copy.
-    let pcm = std::sync::Arc::unwrap_or_clone(pcm);
+    let pcm = pcm.into_vec();
     let problem = if pcm.is_empty() {
         Some("empty audio")
     } else if pcm.iter().any(|s| !s.is_finite()) {

@@ -9,8 +9,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use worker_protocol::{
-    read_frame, write_frame, ClientMessage, ProtocolError, WorkerInfo, WorkerMessage,
-    PROTOCOL_VERSION,
+    read_frame, write_frame, write_frame_reusing, ClientMessage, ProtocolError, WorkerInfo,
+    WorkerMessage, PROTOCOL_VERSION,
 };
 
 use crate::error::FleetError;
@@ -87,8 +87,9 @@ impl Opened {
         std::thread::Builder::new()
             .name(format!("{name}-writer"))
             .spawn(move || {
+                let mut frame = Vec::new();
                 for message in queue {
-                    if let Err(e) = write_frame(&mut writer, &message) {
+                    if let Err(e) = write_frame_reusing(&mut writer, &message, &mut frame) {
                         let failure = match &e {
                             ProtocolError::Io(io)
                                 if matches!(

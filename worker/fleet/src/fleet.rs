@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 pub use worker_protocol::Priority;
 use worker_protocol::{
-    DeviceReport, DiarizeResponse, ModelInfo, Task, TranscribeResponse, MAX_REQUEST_SAMPLES,
+    DeviceReport, DiarizeResponse, ModelInfo, SharedPcm, Task, TranscribeResponse,
+    MAX_REQUEST_SAMPLES,
 };
 
 use crate::config::FleetConfig;
@@ -284,9 +285,11 @@ impl Fleet {
     }
 
     /// Transcribes each clip on some worker; blocks while every worker is full.
-    /// One result per clip, in order. Batch priority: see [`Fleet::transcribe_with`].
+    /// One result per clip, in order. Batch priority: see [`Fleet::transcribe_with`]. Each clip
+    /// is copied once; [`Fleet::transcribe_with`] takes clips that share their recording.
     pub fn transcribe(&self, clips: &[&[f32]]) -> Vec<Result<TranscribeResponse, FleetError>> {
-        self.transcribe_with(clips, Priority::Batch)
+        let clips: Vec<SharedPcm> = clips.iter().map(|clip| clip.to_vec().into()).collect();
+        self.transcribe_with(&clips, Priority::Batch)
     }
 
     /// As [`Fleet::transcribe`], at `priority`: interactive clips go to a worker before every
@@ -294,12 +297,12 @@ impl Fleet {
     /// backfill filling the queue never blocks an interactive submission.
     pub fn transcribe_with(
         &self,
-        clips: &[&[f32]],
+        clips: &[SharedPcm],
         priority: Priority,
     ) -> Vec<Result<TranscribeResponse, FleetError>> {
         let mut ids = Vec::with_capacity(clips.len());
         for clip in clips {
-            ids.push(self.submit(Task::Transcribe, priority, clip));
+            ids.push(self.submit(Task::Transcribe, priority, clip.clone()));
         }
         ids.into_iter()
             .map(|id| match self.wait_result(id?)? {
@@ -316,25 +319,23 @@ impl Fleet {
         if !self.has_diarization() {
             return Err(no_diarization_pool());
         }
-        let id = self.submit(Task::Diarize, Priority::Batch, pcm_16k)?;
+        let id = self.submit(Task::Diarize, Priority::Batch, pcm_16k.to_vec().into())?;
         match self.wait_result(id)? {
             Answer::Diarized(response) => Ok(response),
             Answer::Transcribed(_) => Err(wrong_answer(Task::Diarize)),
         }
     }
 
-    fn submit(&self, task: Task, priority: Priority, clip: &[f32]) -> Result<u64, FleetError> {
+    fn submit(&self, task: Task, priority: Priority, pcm: SharedPcm) -> Result<u64, FleetError> {
         // Sent, it would end the connection (and cost the worker a restart) for nothing.
-        if clip.len() > MAX_REQUEST_SAMPLES {
+        if pcm.len() > MAX_REQUEST_SAMPLES {
             return Err(FleetError::TooLong {
-                samples: clip.len(),
+                samples: pcm.len(),
                 max: MAX_REQUEST_SAMPLES,
             });
         }
         let cfg = &self.shared.config;
         let deadline = Instant::now() + cfg.submit_timeout;
-        // Copied before the lock: every submit and answer waits on it.
-        let pcm = Arc::new(clip.to_vec());
         let mut state = self.shared.lock();
         if let Some(e) = state.cannot_start(cfg.max_start_failures) {
             return Err(e);

@@ -41,4 +41,4 @@ pub use transcriber::FleetTranscriber;
 /// The kinds of [`FleetError::Rejected`].
 pub use worker_protocol::WireErrorKind;
 /// What a worker serves, in statuses and events.
-pub use worker_protocol::{DiarizeResponse, Task};
+pub use worker_protocol::{DiarizeResponse, SharedPcm, Task};

@@ -6,6 +6,8 @@ use std::time::Duration;
 use model_core::timestamps::Timestamper;
 use model_core::transcript::Transcript;
 
+use worker_protocol::SharedPcm;
+
 use crate::error::FleetError;
 use crate::fleet::{Fleet, Priority};
 
@@ -45,15 +47,18 @@ impl FleetTranscriber {
         self.frame_s
     }
 
-    /// One transcript per segment; the first failed segment fails the call.
+    /// One transcript per segment; the first failed segment fails the call. Each segment is
+    /// copied once; [`FleetTranscriber::transcribe_with`] takes segments that share their
+    /// recording.
     pub fn transcribe(&self, segments: &[&[f32]]) -> Result<Vec<Transcript>, FleetError> {
-        self.transcribe_with(segments, Priority::Batch)
+        let segments: Vec<SharedPcm> = segments.iter().map(|s| s.to_vec().into()).collect();
+        self.transcribe_with(&segments, Priority::Batch)
     }
 
     /// As [`FleetTranscriber::transcribe`], at `priority` ([`Fleet::transcribe_with`]).
     pub fn transcribe_with(
         &self,
-        segments: &[&[f32]],
+        segments: &[SharedPcm],
         priority: Priority,
     ) -> Result<Vec<Transcript>, FleetError> {
         self.fleet

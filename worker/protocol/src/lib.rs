@@ -15,19 +15,22 @@ mod error;
 mod frame;
 mod messages;
 mod pcm_bytes;
+mod shared_pcm;
 
 pub use engine_kind::{EngineKind, UnknownEngine};
 pub use error::ProtocolError;
 pub use frame::{
-    decode_body, encode_frame, read_frame, write_frame, MAX_FRAME_BYTES, MAX_REQUEST_SAMPLES,
+    decode_body, encode_frame, encode_frame_into, read_frame, write_frame, write_frame_reusing,
+    KEPT_BUFFER_BYTES, MAX_FRAME_BYTES, MAX_REQUEST_SAMPLES,
 };
 #[cfg(feature = "tokio")]
-pub use frame::{read_frame_async, write_frame_async};
+pub use frame::{read_frame_async, read_frame_async_reusing, write_frame_async};
 pub use messages::{
     Audio, ClientMessage, DeviceReport, DiarizeRequest, DiarizeResponse, HealthReport, ModelInfo,
     MpsReport, Priority, RequestId, Task, Timings, TranscribeRequest, TranscribeResponse,
     WireError, WireErrorKind, WorkerInfo, WorkerMessage, WorkerState, PROTOCOL_VERSION,
 };
+pub use shared_pcm::SharedPcm;
 
 #[cfg(test)]
 mod tests;

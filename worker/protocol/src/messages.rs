@@ -5,7 +5,8 @@ use model_core::speakers::SpeakerSegment;
 use model_core::timestamps::{FrameTiming, TimestampOptions, Timestamper};
 use model_core::transcript::Hypothesis;
 use serde::{Deserialize, Serialize};
-use std::sync::Arc;
+
+use crate::SharedPcm;
 
 /// Version 1: PCM requests, hypotheses with optional confidences, health pings.
 /// Version 2: the handshake's optional [`DeviceReport`]; batch sequence number and real
@@ -105,9 +106,9 @@ pub enum Priority {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Audio {
     /// Mono PCM at 16 kHz, nominally in [-1, 1]. (Precomputed features: a later version.)
-    /// Shared, so that a sender keeps one copy of a clip however often it is sent (to a worker,
-    /// then again to another after a restart) and never copies it under its own locks.
-    Pcm16k(#[serde(with = "crate::pcm_bytes")] Arc<Vec<f32>>),
+    /// Shared ([`SharedPcm`]): a sender never copies a clip out of its recording, nor under
+    /// its own locks, however often it sends it.
+    Pcm16k(#[serde(with = "crate::pcm_bytes")] SharedPcm),
 }
 
 impl Audio {

@@ -5,17 +5,14 @@
 //! sample by sample, about 1.6 ms to encode and 1.8 ms to decode; as bytes, about 0.36 ms each.
 //! A request pays both on the latency path of every clip.
 
-use std::fmt;
-use std::sync::Arc;
-
 use serde::de::{self, Deserializer, Visitor};
 use serde::Serializer;
+use std::fmt;
 
-pub(crate) fn serialize<S: Serializer>(
-    pcm: &Arc<Vec<f32>>,
-    serializer: S,
-) -> Result<S::Ok, S::Error> {
-    let pcm: &[f32] = pcm;
+use crate::SharedPcm;
+
+pub(crate) fn serialize<S: Serializer>(pcm: &SharedPcm, serializer: S) -> Result<S::Ok, S::Error> {
+    let pcm = pcm.as_slice();
     if cfg!(target_endian = "little") {
         serializer.serialize_bytes(bytemuck::cast_slice(pcm))
     } else {
@@ -26,10 +23,10 @@ pub(crate) fn serialize<S: Serializer>(
 
 pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
     deserializer: D,
-) -> Result<Arc<Vec<f32>>, D::Error> {
+) -> Result<SharedPcm, D::Error> {
     deserializer
         .deserialize_bytes(LittleEndianSamples)
-        .map(Arc::new)
+        .map(SharedPcm::from)
 }
 
 struct LittleEndianSamples;

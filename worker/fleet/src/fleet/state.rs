@@ -8,7 +8,9 @@ use std::sync::mpsc::Sender;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use worker_protocol::{DiarizeResponse, ModelInfo, Task, TranscribeResponse, WorkerInfo};
+use worker_protocol::{
+    DiarizeResponse, ModelInfo, SharedPcm, Task, TranscribeResponse, WorkerInfo,
+};
 
 use crate::client::Connection;
 use crate::config::FleetConfig;
@@ -61,7 +63,7 @@ pub(super) struct Slot {
 pub(super) struct Request {
     pub(super) task: Task,
     pub(super) priority: Priority,
-    pub(super) pcm: Arc<Vec<f32>>,
+    pub(super) pcm: SharedPcm,
     pub(super) on: Option<(usize, u64)>,
     pub(super) sent_at: Option<Instant>,
     pub(super) attempts: u32,
