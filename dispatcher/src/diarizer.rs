@@ -8,11 +8,13 @@
 use model_core::speakers::SpeakerSegment;
 
 use crate::error::Result;
+use crate::transcriber::SharedPcm;
 
 pub trait Diarizer: Send + Sync {
     /// Identifies the model (and its weights) in result keys, next to the transcriber's id.
     fn model_id(&self) -> &str;
 
-    /// Speaker turns of the whole recording, in seconds from its start.
-    fn diarize(&self, pcm_16k: &[f32]) -> Result<Vec<SpeakerSegment>>;
+    /// Speaker turns of the whole recording, in seconds from its start. The samples are
+    /// shared, so an engine in another process sends them without copying them first.
+    fn diarize(&self, pcm_16k: &SharedPcm) -> Result<Vec<SpeakerSegment>>;
 }

@@ -257,10 +257,10 @@ impl Diarizer for FleetDiarizer {
         &self.model_id
     }
 
-    fn diarize(&self, pcm_16k: &[f32]) -> Result<Vec<SpeakerSegment>> {
+    fn diarize(&self, pcm_16k: &SharedPcm) -> Result<Vec<SpeakerSegment>> {
         self.engine
             .fleet()
-            .diarize(pcm_16k)
+            .diarize(pcm_16k.clone())
             .map(|response| response.segments)
             .map_err(classify)
     }

@@ -14,7 +14,7 @@ use model_core::transcript::Transcript;
 use crate::diarizer::Diarizer;
 use crate::error::{DispatchError, Result};
 use crate::model_id::given_or_hashed;
-use crate::transcriber::Transcriber;
+use crate::transcriber::{SharedPcm, Transcriber};
 
 /// A transcription engine in this process with NeMo-style timestamps.
 pub struct InProcessTranscriber {
@@ -85,11 +85,11 @@ impl Diarizer for InProcessDiarizer {
         &self.model_id
     }
 
-    fn diarize(&self, pcm_16k: &[f32]) -> Result<Vec<SpeakerSegment>> {
+    fn diarize(&self, pcm_16k: &SharedPcm) -> Result<Vec<SpeakerSegment>> {
         self.engine
             .lock()
             .map_err(|_| DispatchError::Inference("the diarizer panicked earlier".into()))?
-            .diarize(pcm_16k)
+            .diarize(pcm_16k.as_slice())
             .map_err(|e| DispatchError::Engine(Box::new(e)))
     }
 }

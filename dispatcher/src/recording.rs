@@ -71,12 +71,12 @@ pub fn transcribe_recording(
     priority: Priority,
     checkpoints: Option<&dyn Checkpoints>,
 ) -> Result<RecordingResult> {
-    let pcm = decoded.pcm.as_slice();
+    let pcm = SharedPcm::from(decoded.pcm.clone());
     let (transcription, diarization) = std::thread::scope(|scope| {
         let diarization = diarizer.map(|d| {
             scope.spawn(move || {
                 let t = Instant::now();
-                d.diarize(pcm)
+                d.diarize(&pcm)
                     .map(|turns| (turns, t.elapsed().as_secs_f64()))
             })
         });

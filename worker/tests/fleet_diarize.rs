@@ -58,7 +58,7 @@ fn a_fleet_with_both_pools_diarizes_and_transcribes() -> Result<()> {
     // Both kinds at once, from several threads: each request lands on its own kind.
     std::thread::scope(|scope| -> Result<()> {
         let diarized: Vec<_> = (0..4)
-            .map(|_| scope.spawn(|| fleet.diarize(&pcm)))
+            .map(|_| scope.spawn(|| fleet.diarize(pcm.clone().into())))
             .collect();
         let work: Vec<&[f32]> = clips.iter().map(|(_, pcm)| pcm.as_slice()).collect();
         for (i, r) in fleet.transcribe(&work).into_iter().enumerate() {
@@ -122,7 +122,7 @@ fn killing_a_diarization_worker_restarts_its_mps_group_and_resends() -> Result<(
     // holds requests when it is killed.
     let results = std::thread::scope(|scope| {
         let jobs: Vec<_> = (0..6)
-            .map(|_| scope.spawn(|| fleet.diarize(&pcm)))
+            .map(|_| scope.spawn(|| fleet.diarize(pcm.clone().into())))
             .collect();
         let held = wait_until(Duration::from_secs(30), || {
             fleet.status()[victim_slot].outstanding >= 2
@@ -182,7 +182,7 @@ fn a_fleet_without_a_diarization_pool_says_so() -> Result<()> {
     cfg.diarization = None;
     let fleet = Fleet::start(cfg)?;
     let err = fleet
-        .diarize(&[0.0; 1600])
+        .diarize(vec![0.0; 1600].into())
         .expect_err("no diarization workers");
     assert!(matches!(err, worker_fleet::FleetError::Config(_)), "{err}");
     assert!(!fleet.has_diarization());

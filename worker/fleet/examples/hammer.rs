@@ -133,7 +133,7 @@ fn answer_each(fleet: &Fleet, clips: &[Vec<f32>]) -> Result<Vec<Hypothesis>> {
 fn diarize_each(fleet: &Fleet, clips: &[Vec<f32>]) -> Result<Vec<Vec<SpeakerSegment>>> {
     clips
         .iter()
-        .map(|clip| Ok(fleet.diarize(clip)?.segments))
+        .map(|clip| Ok(fleet.diarize(clip.clone().into())?.segments))
         .collect()
 }
 
@@ -239,7 +239,7 @@ fn main() -> Result<()> {
                 i += 1;
                 let sent = Instant::now();
                 if diarizing {
-                    let answer = fleet.diarize(&clips[c]).map(|r| r.segments);
+                    let answer = fleet.diarize(clips[c].clone().into()).map(|r| r.segments);
                     tally.record("diarize", c, seconds[c], answer, &golden_diar[c]);
                 } else {
                     let answer = fleet

@@ -315,11 +315,11 @@ impl Fleet {
     /// Speaker turns of one whole recording, on the least-loaded diarization worker; blocks
     /// while every diarization worker is full. Re-sent after a worker (or group) restart like a
     /// transcription request.
-    pub fn diarize(&self, pcm_16k: &[f32]) -> Result<DiarizeResponse, FleetError> {
+    pub fn diarize(&self, pcm_16k: SharedPcm) -> Result<DiarizeResponse, FleetError> {
         if !self.has_diarization() {
             return Err(no_diarization_pool());
         }
-        let id = self.submit(Task::Diarize, Priority::Batch, pcm_16k.to_vec().into())?;
+        let id = self.submit(Task::Diarize, Priority::Batch, pcm_16k)?;
         match self.wait_result(id)? {
             Answer::Diarized(response) => Ok(response),
             Answer::Transcribed(_) => Err(wrong_answer(Task::Diarize)),
