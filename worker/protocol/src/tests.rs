@@ -267,6 +267,49 @@ async fn async_framing_matches_sync() {
     assert_eq!(got, request());
 }
 
+fn clip_request(id: u64, samples: usize) -> ClientMessage {
+    ClientMessage::Transcribe(TranscribeRequest {
+        id,
+        audio: Audio::Pcm16k(vec![id as f32; samples].into()),
+        deadline_ms: None,
+        priority: Priority::Batch,
+    })
+}
+
+/// A connection's writer and reader each keep one buffer: frames of any size in any order come
+/// back whole (a shorter frame after a longer one leaves nothing of it behind), and a frame
+/// beyond the kept size does not stay in memory after it.
+#[cfg(feature = "tokio")]
+#[tokio::test]
+async fn reused_frame_buffers_carry_frames_of_any_size() {
+    let beyond_kept = KEPT_BUFFER_BYTES / 4 + 1;
+    let messages: Vec<ClientMessage> = [(1, 10), (2, 1 << 20), (3, 5), (4, beyond_kept), (5, 7)]
+        .into_iter()
+        .map(|(id, samples)| clip_request(id, samples))
+        .collect();
+    let mut wire = Vec::new();
+    let mut frame = Vec::new();
+    for message in &messages {
+        write_frame_reusing(&mut wire, message, &mut frame).unwrap();
+        if matches!(message, ClientMessage::Transcribe(r) if r.id == 4) {
+            assert_eq!(frame.capacity(), 0, "a frame beyond the kept size is freed");
+        }
+    }
+    assert!(frame.capacity() > 0);
+    let mut reader = Cursor::new(wire);
+    let mut body = Vec::new();
+    for message in &messages {
+        let got: ClientMessage = read_frame_async_reusing(&mut reader, &mut body)
+            .await
+            .unwrap();
+        assert_eq!(&got, message);
+    }
+    assert!(matches!(
+        read_frame_async_reusing::<ClientMessage>(&mut reader, &mut body).await,
+        Err(ProtocolError::Closed)
+    ));
+}
+
 /// PCM is one byte string on the wire: every sample's bits come back (NaN payloads, -0.0,
 /// subnormals), and a byte string that is not a whole number of samples is a typed error.
 #[test]
