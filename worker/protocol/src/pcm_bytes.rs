@@ -5,9 +5,10 @@
 //! sample by sample, about 1.6 ms to encode and 1.8 ms to decode; as bytes, about 0.36 ms each.
 //! A request pays both on the latency path of every clip.
 
+use std::fmt;
+
 use serde::de::{self, Deserializer, Visitor};
 use serde::Serializer;
-use std::fmt;
 
 use crate::SharedPcm;
 
