@@ -97,6 +97,30 @@ fn run_local(work: &Path, inputs: &Path, extra: &[&str]) -> (BTreeMap<String, Ve
 
 #[test]
 fn local_mode_through_a_cpu_fleet_writes_the_in_process_transcripts() {
+    fleet_and_in_process_write_the_same_transcripts(&[]);
+}
+
+/// The same with every recording cut into 2 s segments: a recording's segments go to the
+/// workers as parts of its samples (several per recording, `long.wav` a dozen), and the
+/// transcripts are still those of the engine in this process.
+#[test]
+fn segments_sent_as_parts_write_the_in_process_transcripts() {
+    let results = fleet_and_in_process_write_the_same_transcripts(&["--max-segment-s", "2"]);
+    let (_, long) = results
+        .iter()
+        .find(|(k, _)| k.contains("long.wav") && k.ends_with("verbose.json"))
+        .expect("long.wav's verbose JSON");
+    let verbose: serde_json::Value = serde_json::from_slice(long).expect("JSON");
+    let segments = verbose["segments"].as_array().map_or(0, Vec::len);
+    assert!(
+        segments > 5,
+        "long.wav (25 s) in 2 s segments: {segments} segments"
+    );
+}
+
+/// Runs `local` on the fixture clips in process and through a fleet of 2 CPU workers with
+/// `settings` added to both; asserts the transcripts are byte-identical; returns the fleet's.
+fn fleet_and_in_process_write_the_same_transcripts(settings: &[&str]) -> BTreeMap<String, Vec<u8>> {
     let dir = tempfile::tempdir().expect("tempdir");
     let inputs = dir.path().join("inputs");
     std::fs::create_dir(&inputs).expect("mkdir");
@@ -104,24 +128,25 @@ fn local_mode_through_a_cpu_fleet_writes_the_in_process_transcripts() {
         let path = entry.expect("entry").path();
         std::fs::copy(&path, inputs.join(path.file_name().expect("name"))).expect("copy");
     }
-    let (in_process, log) = run_local(&dir.path().join("a"), &inputs, &[]);
+    let (in_process, log) = run_local(&dir.path().join("a"), &inputs, settings);
     assert!(!log.contains("worker ready"), "{log}");
     let worker = worker_binary();
     let runtime = dir.path().join("fleet-run");
+    let fleet_args = [
+        "--cpu-instances",
+        "2",
+        "--worker-binary",
+        worker.to_str().expect("utf-8 path"),
+        "--runtime-dir",
+        runtime.to_str().expect("utf-8 path"),
+        "--inference-slots",
+        "2",
+        "--worker-arg=--max-batch-wait-ms=10",
+    ];
     let (fleet, log) = run_local(
         &dir.path().join("b"),
         &inputs,
-        &[
-            "--cpu-instances",
-            "2",
-            "--worker-binary",
-            worker.to_str().expect("utf-8 path"),
-            "--runtime-dir",
-            runtime.to_str().expect("utf-8 path"),
-            "--inference-slots",
-            "2",
-            "--worker-arg=--max-batch-wait-ms=10",
-        ],
+        &[settings, &fleet_args[..]].concat(),
     );
     // Both workers served (the fleet logs each handshake).
     assert_eq!(log.matches("worker ready").count(), 2, "{log}");
@@ -142,6 +167,7 @@ fn local_mode_through_a_cpu_fleet_writes_the_in_process_transcripts() {
     }
     let clips = std::fs::read_dir(&inputs).expect("inputs").count();
     assert_eq!(transcripts, clips * 5, "five formats per clip");
+    fleet
 }
 
 /// `local --diarize --cpu-instances 2` with a diarization pool: the recordings are diarized by
