@@ -102,7 +102,8 @@ fn local_mode_through_a_cpu_fleet_writes_the_in_process_transcripts() {
 
 /// The same with every recording cut into 2 s segments: a recording's segments go to the
 /// workers as parts of its samples (several per recording, `long.wav` a dozen), and the
-/// transcripts are still those of the engine in this process.
+/// transcripts are still those of the engine in this process (the fleet answering a recording's
+/// segments out of order fails this; checked).
 #[test]
 fn segments_sent_as_parts_write_the_in_process_transcripts() {
     let results = fleet_and_in_process_write_the_same_transcripts(&["--max-segment-s", "2"]);
