@@ -187,28 +187,28 @@ pub struct Writer<'a> {
 
 impl Writer<'_> {
     /// The manifest or failure record already at `loc`, if any (checked before doing work).
+    /// Both are read at once (one round trip to the store, not two); the manifest wins.
     pub async fn existing(&self, loc: &ResultLocation) -> Result<Option<Existing>> {
-        if let Some(bytes) = self
-            .read_if_present(&loc.bucket, &loc.manifest_key(), MAX_RECORD_BYTES)
-            .await?
-        {
+        let (manifest, failure) = futures_util::future::join(
+            self.read_if_present(&loc.bucket, &loc.manifest_key(), MAX_RECORD_BYTES),
+            self.read_if_present(&loc.bucket, &loc.failure_key(), MAX_RECORD_BYTES),
+        )
+        .await;
+        if let Some(bytes) = manifest? {
             return Ok(Some(Existing::Manifest(parse_record(
                 loc,
                 MANIFEST_NAME,
                 &bytes,
             )?)));
         }
-        if let Some(bytes) = self
-            .read_if_present(&loc.bucket, &loc.failure_key(), MAX_RECORD_BYTES)
-            .await?
-        {
-            return Ok(Some(Existing::Failure(parse_record(
+        match failure? {
+            Some(bytes) => Ok(Some(Existing::Failure(parse_record(
                 loc,
                 FAILURE_NAME,
                 &bytes,
-            )?)));
+            )?))),
+            None => Ok(None),
         }
-        Ok(None)
     }
 
     /// The object's bytes (at most `max_bytes`), `None` when it does not exist.
@@ -253,6 +253,7 @@ impl Writer<'_> {
         mut manifest: Manifest,
     ) -> Result<WriteOutcome> {
         manifest.outputs.clear();
+        let mut puts = Vec::with_capacity(rendered.len());
         for (format, text) in rendered {
             let key = loc.key(result_file_name(format));
             let body = Bytes::from(text.into_bytes());
@@ -264,9 +265,14 @@ impl Writer<'_> {
             });
             // An existing file is an earlier delivery's (deterministic) output of the same
             // input and model; the manifest below decides which delivery "won".
-            self.put(&loc.bucket, &key, body, format.content_type())
-                .await?;
+            puts.push(async move {
+                self.put(&loc.bucket, &key, body, format.content_type())
+                    .await
+            });
         }
+        // The files go up together (one round trip to the store, not one per format); the
+        // manifest only once all of them are there.
+        futures_util::future::try_join_all(puts).await?;
         let body = serde_json::to_vec_pretty(&manifest).expect("manifest serializes (bug)");
         match self
             .put(
