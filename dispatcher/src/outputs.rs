@@ -358,7 +358,164 @@ fn parse_record<T: serde::de::DeserializeOwned>(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+
     use super::*;
+    use crate::error::ErrorClass;
+    use crate::store::local::LocalStore;
+    use crate::store::ListPage;
+
+    /// A local store whose writes take a while, as a remote store's do, and record when each
+    /// began and ended; a write whose key ends with `fails` fails for good.
+    struct SlowWrites {
+        inner: LocalStore,
+        fails: Option<&'static str>,
+        /// (began, key) in the order they happened.
+        events: Mutex<Vec<(bool, String)>>,
+    }
+
+    #[async_trait]
+    impl ObjectStore for SlowWrites {
+        async fn head(&self, object: &ObjectRef) -> Result<Option<ObjectMeta>> {
+            self.inner.head(object).await
+        }
+        async fn get(&self, object: &ObjectRef, max: u64, etag: Option<&str>) -> Result<Bytes> {
+            self.inner.get(object, max, etag).await
+        }
+        async fn put_if_absent(
+            &self,
+            bucket: &str,
+            key: &str,
+            body: Bytes,
+            content_type: &str,
+        ) -> Result<PutOutcome> {
+            self.events.lock().unwrap().push((true, key.to_owned()));
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let put = match self.fails {
+                Some(name) if key.ends_with(name) => Err(DispatchError::Store {
+                    bucket: bucket.to_owned(),
+                    key: key.to_owned(),
+                    class: ErrorClass::Permanent,
+                    message: "refused by the test".into(),
+                }),
+                _ => {
+                    self.inner
+                        .put_if_absent(bucket, key, body, content_type)
+                        .await
+                }
+            };
+            self.events.lock().unwrap().push((false, key.to_owned()));
+            put
+        }
+        async fn list_page(
+            &self,
+            bucket: &str,
+            prefix: &str,
+            continuation: Option<String>,
+        ) -> Result<ListPage> {
+            self.inner.list_page(bucket, prefix, continuation).await
+        }
+    }
+
+    fn result_to_write() -> (Vec<(OutputFormat, String)>, Manifest) {
+        let rendered = OutputFormat::TRANSCRIPT
+            .iter()
+            .map(|&f| (f, format!("{f} of the test")))
+            .collect();
+        let manifest = Manifest {
+            schema_version: RECORD_SCHEMA_VERSION,
+            job_id: "job-1".into(),
+            input: InputInfo::new(&ObjectRef::new("in", "a.wav"), None),
+            model_id: "m".into(),
+            diarization_model_id: None,
+            audio_duration_s: 1.0,
+            segments: 1,
+            outputs: Vec::new(),
+            created_at_ms: 0,
+            dispatcher_version: "test".into(),
+        };
+        (rendered, manifest)
+    }
+
+    fn slow_store(dir: &std::path::Path, fails: Option<&'static str>) -> SlowWrites {
+        std::fs::create_dir_all(dir.join("out")).unwrap();
+        SlowWrites {
+            inner: LocalStore::open(dir).unwrap(),
+            fails,
+            events: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The files are written at once (one round trip to a remote store, not one each) and
+    /// the manifest, whose presence means done, only after every one of them has ended.
+    #[tokio::test]
+    async fn result_files_go_up_together_and_the_manifest_after_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = slow_store(dir.path(), None);
+        let out = Prefix::parse_uri("s3://out/t").unwrap();
+        let loc = ResultLocation::new(&out, &ObjectRef::new("in", "a.wav"), "tag", "m");
+        let writer = Writer {
+            store: &store,
+            retry: RetrySettings::default(),
+        };
+        let (rendered, manifest) = result_to_write();
+        let files = rendered.len();
+        let written = writer.write_result(&loc, rendered, manifest).await.unwrap();
+        assert_eq!(written, WriteOutcome::Written);
+
+        let events = store.events.lock().unwrap().clone();
+        let manifest_began = events
+            .iter()
+            .position(|(began, key)| *began && *key == loc.manifest_key())
+            .expect("the manifest was written");
+        let (before, after) = events.split_at(manifest_began);
+        assert_eq!(
+            before.len(),
+            2 * files,
+            "every file began and ended first: {events:?}"
+        );
+        assert!(
+            before[..files].iter().all(|(began, _)| *began),
+            "all files began before any ended: {events:?}"
+        );
+        assert_eq!(after.len(), 2);
+        match writer.existing(&loc).await.unwrap() {
+            Some(Existing::Manifest(m)) => assert_eq!(m.outputs.len(), files),
+            other => panic!("expected the manifest, got {other:?}"),
+        }
+    }
+
+    /// A file that cannot be written fails the whole result: no manifest claims it is done.
+    #[tokio::test]
+    async fn a_file_that_fails_leaves_no_manifest() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = slow_store(dir.path(), Some("transcript.srt"));
+        let out = Prefix::parse_uri("s3://out/t").unwrap();
+        let loc = ResultLocation::new(&out, &ObjectRef::new("in", "a.wav"), "tag", "m");
+        let writer = Writer {
+            store: &store,
+            retry: RetrySettings::default(),
+        };
+        let (rendered, manifest) = result_to_write();
+        let error = writer
+            .write_result(&loc, rendered, manifest)
+            .await
+            .expect_err("the srt write fails");
+        assert!(error.to_string().contains("refused by the test"), "{error}");
+        assert!(
+            !store
+                .events
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|(_, key)| *key == loc.manifest_key()),
+            "no manifest write was attempted"
+        );
+        assert_eq!(writer.existing(&loc).await.unwrap(), None);
+    }
 
     #[test]
     fn locations_are_deterministic_and_contained() {
