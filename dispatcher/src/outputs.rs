@@ -392,7 +392,10 @@ mod tests {
             body: Bytes,
             content_type: &str,
         ) -> Result<PutOutcome> {
-            self.events.lock().unwrap().push((true, key.to_owned()));
+            self.events
+                .lock()
+                .expect("events lock")
+                .push((true, key.to_owned()));
             tokio::time::sleep(Duration::from_millis(30)).await;
             let put = match self.fails {
                 Some(name) if key.ends_with(name) => Err(DispatchError::Store {
@@ -407,7 +410,10 @@ mod tests {
                         .await
                 }
             };
-            self.events.lock().unwrap().push((false, key.to_owned()));
+            self.events
+                .lock()
+                .expect("events lock")
+                .push((false, key.to_owned()));
             put
         }
         async fn list_page(
@@ -441,9 +447,9 @@ mod tests {
     }
 
     fn slow_store(dir: &std::path::Path, fails: Option<&'static str>) -> SlowWrites {
-        std::fs::create_dir_all(dir.join("out")).unwrap();
+        std::fs::create_dir_all(dir.join("out")).expect("bucket folder");
         SlowWrites {
-            inner: LocalStore::open(dir).unwrap(),
+            inner: LocalStore::open(dir).expect("store"),
             fails,
             events: Mutex::new(Vec::new()),
         }
@@ -453,9 +459,9 @@ mod tests {
     /// the manifest, whose presence means done, only after every one of them has ended.
     #[tokio::test]
     async fn result_files_go_up_together_and_the_manifest_after_them() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("temp dir");
         let store = slow_store(dir.path(), None);
-        let out = Prefix::parse_uri("s3://out/t").unwrap();
+        let out = Prefix::parse_uri("s3://out/t").expect("prefix");
         let loc = ResultLocation::new(&out, &ObjectRef::new("in", "a.wav"), "tag", "m");
         let writer = Writer {
             store: &store,
@@ -463,10 +469,13 @@ mod tests {
         };
         let (rendered, manifest) = result_to_write();
         let files = rendered.len();
-        let written = writer.write_result(&loc, rendered, manifest).await.unwrap();
+        let written = writer
+            .write_result(&loc, rendered, manifest)
+            .await
+            .expect("result written");
         assert_eq!(written, WriteOutcome::Written);
 
-        let events = store.events.lock().unwrap().clone();
+        let events = store.events.lock().expect("events lock").clone();
         let manifest_began = events
             .iter()
             .position(|(began, key)| *began && *key == loc.manifest_key())
@@ -482,7 +491,7 @@ mod tests {
             "all files began before any ended: {events:?}"
         );
         assert_eq!(after.len(), 2);
-        match writer.existing(&loc).await.unwrap() {
+        match writer.existing(&loc).await.expect("records read") {
             Some(Existing::Manifest(m)) => assert_eq!(m.outputs.len(), files),
             other => panic!("expected the manifest, got {other:?}"),
         }
@@ -491,9 +500,9 @@ mod tests {
     /// A file that cannot be written fails the whole result: no manifest claims it is done.
     #[tokio::test]
     async fn a_file_that_fails_leaves_no_manifest() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("temp dir");
         let store = slow_store(dir.path(), Some("transcript.srt"));
-        let out = Prefix::parse_uri("s3://out/t").unwrap();
+        let out = Prefix::parse_uri("s3://out/t").expect("prefix");
         let loc = ResultLocation::new(&out, &ObjectRef::new("in", "a.wav"), "tag", "m");
         let writer = Writer {
             store: &store,
@@ -509,12 +518,12 @@ mod tests {
             !store
                 .events
                 .lock()
-                .unwrap()
+                .expect("events lock")
                 .iter()
                 .any(|(_, key)| *key == loc.manifest_key()),
             "no manifest write was attempted"
         );
-        assert_eq!(writer.existing(&loc).await.unwrap(), None);
+        assert_eq!(writer.existing(&loc).await.expect("records read"), None);
     }
 
     #[test]
