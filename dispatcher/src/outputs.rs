@@ -426,32 +426,53 @@ mod tests {
         }
     }
 
-    fn result_to_write() -> (Vec<(OutputFormat, String)>, Manifest) {
-        let rendered = OutputFormat::TRANSCRIPT
-            .iter()
-            .map(|&f| (f, format!("{f} of the test")))
-            .collect();
-        let manifest = Manifest {
-            schema_version: RECORD_SCHEMA_VERSION,
-            job_id: "job-1".into(),
-            input: InputInfo::new(&ObjectRef::new("in", "a.wav"), None),
-            model_id: "m".into(),
-            diarization_model_id: None,
-            audio_duration_s: 1.0,
-            segments: 1,
-            outputs: Vec::new(),
-            created_at_ms: 0,
-            dispatcher_version: "test".into(),
-        };
-        (rendered, manifest)
-    }
+    impl SlowWrites {
+        /// A store in a new folder, and where one result goes in it.
+        fn open(fails: Option<&'static str>) -> (tempfile::TempDir, Self, ResultLocation) {
+            let dir = tempfile::tempdir().expect("temp dir");
+            std::fs::create_dir_all(dir.path().join("out")).expect("bucket folder");
+            let store = Self {
+                inner: LocalStore::open(dir.path()).expect("store"),
+                fails,
+                events: Mutex::new(Vec::new()),
+            };
+            let out = Prefix::parse_uri("s3://out/t").expect("prefix");
+            let loc = ResultLocation::new(&out, &ObjectRef::new("in", "a.wav"), "tag", "m");
+            (dir, store, loc)
+        }
 
-    fn slow_store(dir: &std::path::Path, fails: Option<&'static str>) -> SlowWrites {
-        std::fs::create_dir_all(dir.join("out")).expect("bucket folder");
-        SlowWrites {
-            inner: LocalStore::open(dir).expect("store"),
-            fails,
-            events: Mutex::new(Vec::new()),
+        fn writer(&self) -> Writer<'_> {
+            Writer {
+                store: self,
+                retry: RetrySettings::default(),
+            }
+        }
+
+        fn events(&self) -> Vec<(bool, String)> {
+            self.events.lock().expect("events lock").clone()
+        }
+
+        /// Writes a transcript's files and manifest; the count of files with the outcome.
+        async fn write_result(&self, loc: &ResultLocation) -> (usize, Result<WriteOutcome>) {
+            let rendered: Vec<_> = OutputFormat::TRANSCRIPT
+                .iter()
+                .map(|&f| (f, format!("{f} of the test")))
+                .collect();
+            let manifest = Manifest {
+                schema_version: RECORD_SCHEMA_VERSION,
+                job_id: "job-1".into(),
+                input: InputInfo::new(&ObjectRef::new("in", "a.wav"), None),
+                model_id: "m".into(),
+                diarization_model_id: None,
+                audio_duration_s: 1.0,
+                segments: 1,
+                outputs: Vec::new(),
+                created_at_ms: 0,
+                dispatcher_version: "test".into(),
+            };
+            let files = rendered.len();
+            let written = self.writer().write_result(loc, rendered, manifest).await;
+            (files, written)
         }
     }
 
@@ -459,23 +480,11 @@ mod tests {
     /// the manifest, whose presence means done, only after every one of them has ended.
     #[tokio::test]
     async fn result_files_go_up_together_and_the_manifest_after_them() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let store = slow_store(dir.path(), None);
-        let out = Prefix::parse_uri("s3://out/t").expect("prefix");
-        let loc = ResultLocation::new(&out, &ObjectRef::new("in", "a.wav"), "tag", "m");
-        let writer = Writer {
-            store: &store,
-            retry: RetrySettings::default(),
-        };
-        let (rendered, manifest) = result_to_write();
-        let files = rendered.len();
-        let written = writer
-            .write_result(&loc, rendered, manifest)
-            .await
-            .expect("result written");
-        assert_eq!(written, WriteOutcome::Written);
+        let (_dir, store, loc) = SlowWrites::open(None);
+        let (files, written) = store.write_result(&loc).await;
+        assert_eq!(written.expect("result written"), WriteOutcome::Written);
 
-        let events = store.events.lock().expect("events lock").clone();
+        let events = store.events();
         let manifest_began = events
             .iter()
             .position(|(began, key)| *began && *key == loc.manifest_key())
@@ -491,7 +500,7 @@ mod tests {
             "all files began before any ended: {events:?}"
         );
         assert_eq!(after.len(), 2);
-        match writer.existing(&loc).await.expect("records read") {
+        match store.writer().existing(&loc).await.expect("records read") {
             Some(Existing::Manifest(m)) => assert_eq!(m.outputs.len(), files),
             other => panic!("expected the manifest, got {other:?}"),
         }
@@ -500,30 +509,19 @@ mod tests {
     /// A file that cannot be written fails the whole result: no manifest claims it is done.
     #[tokio::test]
     async fn a_file_that_fails_leaves_no_manifest() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let store = slow_store(dir.path(), Some("transcript.srt"));
-        let out = Prefix::parse_uri("s3://out/t").expect("prefix");
-        let loc = ResultLocation::new(&out, &ObjectRef::new("in", "a.wav"), "tag", "m");
-        let writer = Writer {
-            store: &store,
-            retry: RetrySettings::default(),
-        };
-        let (rendered, manifest) = result_to_write();
-        let error = writer
-            .write_result(&loc, rendered, manifest)
-            .await
-            .expect_err("the srt write fails");
+        let (_dir, store, loc) = SlowWrites::open(Some("transcript.srt"));
+        let (_, written) = store.write_result(&loc).await;
+        let error = written.expect_err("the srt write fails");
         assert!(error.to_string().contains("refused by the test"), "{error}");
         assert!(
             !store
-                .events
-                .lock()
-                .expect("events lock")
+                .events()
                 .iter()
                 .any(|(_, key)| *key == loc.manifest_key()),
             "no manifest write was attempted"
         );
-        assert_eq!(writer.existing(&loc).await.expect("records read"), None);
+        let existing = store.writer().existing(&loc).await.expect("records read");
+        assert_eq!(existing, None);
     }
 
     #[test]
