@@ -255,8 +255,9 @@ elapsed = time.time() - started
 machine_cpu_s = machine_busy_s() - machine_before
 by_thread = {}
 for pcomm, comm, cpu in threads.values():
-    # Numbered pool threads as one name.
-    key = f"{pcomm}/{re.sub(r'[-_ ]?[0-9]+$', '', comm)}"
+    # Numbered threads as one name: pool threads (decode-3 -> decode), one per worker
+    # connection (fleet-3-writer -> fleet-N-writer).
+    key = f"{pcomm}/{re.sub(r'[0-9]+', 'N', re.sub(r'[-_ ]?[0-9]+$', '', comm))}"
     by_thread[key] = by_thread.get(key, 0.0) + cpu
 usage = resource.getrusage(resource.RUSAGE_CHILDREN)
 text = open(f"{out}/{name}.log").read()
@@ -296,7 +297,7 @@ row = {
     "dispatcher_sys_s": round(own_sys_s, 2),
     "machine_cpu_s": round(machine_cpu_s, 2),
     "peak_rss_mib": peak_rss_mib,
-    "threads_cpu_s": {k: round(v, 2) for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1]) if v >= 0.5},
+    "threads_cpu_s": {k: round(v, 2) for k, v in sorted(by_thread.items(), key=lambda kv: -kv[1]) if v >= 0.05},
     "done": int(jobs.group(1)) if jobs else None, "failed": int(jobs.group(2)) if jobs else None,
     "layout": layout.group(1).strip() if layout else None,
     "limits": limits.groups() if limits else None,
