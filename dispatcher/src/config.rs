@@ -53,7 +53,8 @@ settings! {
     defaults {
         /// Messages per receive, 1..=10 (SQS's limit).
         max_messages_per_receive: usize = 10;
-        /// Long-poll wait per receive in seconds, 0..=20 (SQS's limit).
+        /// Long-poll wait per receive in seconds, 0..=20 (SQS's limit); 20 by default, 1 for
+        /// `run --exit-when-idle`, `local` and `serve` (nothing to wait out at the end).
         wait_time_s: u64 = 20;
         /// Visibility timeout asked for on receive, in seconds; heartbeats extend it every
         /// third. Short values notice dead nodes sooner at the cost of more heartbeat calls.

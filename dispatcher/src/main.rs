@@ -52,6 +52,10 @@ fn command() -> clap::Command {
                     .iter()
                     .map(|(id, v)| (*id, v.to_string())),
             );
+        } else {
+            // `run`'s receive wait depends on --exit-when-idle (commands::run): left unset
+            // here so that the command can tell a chosen wait from none.
+            defaults.retain(|(id, _)| *id != "wait_time_s");
         }
         cmd = cmd.mut_subcommand(name, |sub| {
             defaults.into_iter().fold(sub, |sub, (id, value)| {
@@ -134,6 +138,33 @@ mod tests {
         );
         assert_eq!((s.max_audio_duration_s, s.receivers), (43_200, Some(3)));
         assert_eq!(s.retry_max, 4, "a built-in default");
+    }
+
+    /// `run --exit-when-idle` receives for 1 s (it stops after a receive that finds nothing)
+    /// unless a flag or a config key chose a wait; `run` alone long-polls for 20 s.
+    #[test]
+    fn a_batch_run_waits_briefly_unless_told_otherwise() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = dir.path().join("dispatcher.toml");
+        std::fs::write(&config, "wait_time_s = 5\n").expect("config file");
+        let wait = |extra: &[&str]| {
+            let args = ["dispatcher", "run"]
+                .iter()
+                .chain(extra)
+                .map(Into::into)
+                .collect();
+            let matches = cli::matches_from(command(), args).expect("parse");
+            let Command::Run(run) = Cli::from_arg_matches(&matches).expect("args").command else {
+                panic!("not run");
+            };
+            run.settings().expect("settings").wait_time_s
+        };
+        let config = config.to_str().expect("utf-8 path");
+        assert_eq!(wait(&[]), 20);
+        assert_eq!(wait(&["--exit-when-idle"]), 1);
+        assert_eq!(wait(&["--exit-when-idle", "--wait-time-s", "20"]), 20);
+        assert_eq!(wait(&["--exit-when-idle", "--config", config]), 5);
+        assert_eq!(wait(&["--config", config]), 5);
     }
 
     /// `local` and `serve` default to the local store's result prefix and short receives.

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use dispatcher::app::{self, MetricsRuntime};
-use dispatcher::config::SettingsArgs;
+use dispatcher::config::{Settings, SettingsArgs};
 use dispatcher::lifecycle::interruption::{self, InstanceMetadata};
 use dispatcher::lifecycle::run_until_signal;
 use dispatcher::metrics::{CloudWatchSink, Sink};
@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 pub(crate) struct RunArgs {
     /// Exit once the queue is empty and nothing is in flight (batch runs, tests), with the
     /// closing report `local` prints (wall time, audio, stages) and exit status 3 when any job
-    /// failed.
+    /// failed. Receives then wait 1 s unless --wait-time-s says otherwise.
     #[arg(long)]
     pub(crate) exit_when_idle: bool,
     #[command(flatten)]
@@ -29,8 +29,26 @@ pub(crate) struct RunArgs {
     pub(crate) engine: dispatcher::fleet_engine::EngineArgs,
 }
 
+/// `run --exit-when-idle`'s receive wait when no flag, variable or config key sets one: the
+/// run stops after a receive finds nothing, so a long poll would keep it up to 20 s after its
+/// last job.
+pub(crate) const EXIT_WHEN_IDLE_WAIT_TIME_S: u64 = 1;
+
+impl RunArgs {
+    /// The settings, with --exit-when-idle's receive wait where none was chosen.
+    pub(crate) fn settings(&self) -> dispatcher::error::Result<Settings> {
+        let mut settings = self.settings.clone();
+        if self.exit_when_idle {
+            settings
+                .wait_time_s
+                .get_or_insert(EXIT_WHEN_IDLE_WAIT_TIME_S);
+        }
+        settings.resolve()
+    }
+}
+
 pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let settings = args.settings.resolve()?;
+    let settings = args.settings()?;
     let queue_url = settings
         .queue_url
         .clone()
