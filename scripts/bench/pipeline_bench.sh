@@ -93,8 +93,9 @@ if [ ! -x "$BIN/dispatcher" ]; then
 fi
 export LD_LIBRARY_PATH="$BIN${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 has() { [[ " $STEPS " == *" $1 "* ]]; }
+# The host's CPU model too: its cores decide what the compressed formats cost (docs/operations.md).
 { date -u; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader; nproc
-  findmnt -no SOURCE,FSTYPE,OPTIONS -T "$SCRATCH"; } | tee "$OUT/machine.txt"
+  grep -m1 "model name" /proc/cpuinfo; findmnt -no SOURCE,FSTYPE,OPTIONS -T "$SCRATCH"; } | tee "$OUT/machine.txt"
 
 if has model; then
   OUT=$OUT/drill MODEL=$MODEL STEPS=model BIN=$BIN bash scripts/device/gpu_fleet_drill.sh >/dev/null 2>&1
